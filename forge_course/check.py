@@ -1,0 +1,94 @@
+"""`forge-course check NOTEBOOK`: run a notebook and report its tests like a teaching assistant.
+
+It executes every cell in a fresh kernel (the notebook's folder as working directory), then
+reads the outcome of each graded test cell: passed, or the first line of what went wrong and
+the likely mistake. Hidden tests are not in a learner's copy, so a pass here means the visible
+tests pass; the grader runs more cases.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+
+@dataclass(frozen=True)
+class TestResult:
+    grade_id: str
+    points: float
+    passed: bool
+    message: str
+
+
+def execute(path: Path, timeout: int = 120, repeat: int = 1) -> nbformat.NotebookNode:
+    """Run every cell of the notebook at ``path`` (``repeat`` times in one kernel); return it run.
+
+    Errors do not stop the run: every test cell gets its own verdict. ``repeat=2`` checks that a
+    notebook runs again top to bottom without a kernel restart.
+    """
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(Path(path).parent)}},
+    )
+    with client.setup_kernel():
+        for _ in range(repeat):
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)
+    return nb
+
+
+def errors(cell: nbformat.NotebookNode) -> list[dict]:
+    """The error outputs of a code cell."""
+    return [out for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+
+
+def graded_results(nb: nbformat.NotebookNode) -> list[TestResult]:
+    """One result per graded cell of an executed notebook, in notebook order."""
+    results = []
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if not meta.get("grade") or cell.cell_type != "code":
+            continue
+        failures = errors(cell)
+        message = ""
+        if failures:
+            err = failures[0]
+            message = f"{err['ename']}: {err['evalue']}"
+        results.append(TestResult(meta["grade_id"], meta.get("points", 0), not failures, message))
+    return results
+
+
+def report(results: list[TestResult]) -> str:
+    """A short, readable summary: one line per test, the message under each failure."""
+    lines = []
+    for r in results:
+        unit = "point" if r.points == 1 else "points"
+        lines.append(f"{'PASS' if r.passed else 'FAIL'}  {r.grade_id}  ({r.points:g} {unit})")
+        if not r.passed:
+            lines += [f"      {line}" for line in r.message.splitlines()]
+    earned = sum(r.points for r in results if r.passed)
+    total = sum(r.points for r in results)
+    lines.append(f"{earned:g} of {total:g} points from the visible tests.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: forge-course check NOTEBOOK.ipynb", file=sys.stderr)
+        return 2
+    path = Path(argv[0])
+    if not path.is_file():
+        print(f"No notebook at {path}.", file=sys.stderr)
+        return 2
+    print(f"Running {path.name} top to bottom ...", flush=True)
+    results = graded_results(execute(path))
+    print(report(results))
+    return 0 if results and all(r.passed for r in results) else 1

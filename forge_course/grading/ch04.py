@@ -1,0 +1,284 @@
+"""Checks for chapter 04, "Anatomy of one training step".
+
+Exercises:
+    ch04_hand_step: one SGD step of ``y = W·x + b`` with MSE, by hand (no autograd).
+    ch04_train_step: ``train_step(model, optimizer, loss_fn, x, y) -> float``.
+Questions:
+    ch04_q_grad_multiple, ch04_q_softmax.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import torch
+
+from forge_course.device import available_devices
+from forge_course.grading.core import call_answer, explain, grading_seed
+from forge_course.reference import step as ref
+
+# ---------------------------------------------------------------- ch04_hand_step
+
+HAND_KEYS = ("y", "loss", "dL_dy", "dL_dW", "dL_db", "W_new", "b_new")
+
+# The running example of the chapter (FACTS.md): its results are worked out in the markdown.
+RUNNING_EXAMPLE = {
+    "W": [[0.5, -0.3], [0.2, 0.8]],
+    "b": [0.0, 0.0],
+    "x": [1.0, 2.0],
+    "t": [1.0, 0.0],
+    "lr": 0.01,
+}
+
+
+def _random_linear_case(rng: random.Random, m: int, n: int) -> dict:
+    value = lambda: round(rng.uniform(-2, 2), 3)
+    return {
+        "W": [[value() for _ in range(n)] for _ in range(m)],
+        "b": [value() for _ in range(m)],
+        "x": [value() for _ in range(n)],
+        "t": [value() for _ in range(m)],
+        "lr": rng.choice([0.01, 0.1, 0.5]),
+    }
+
+
+def hand_step_cases(thorough: bool = False) -> list[dict]:
+    """The running example and a 3-output layer; thorough adds random shapes, including m = 1."""
+    rng = random.Random(grading_seed() if thorough else 4)
+    cases = [RUNNING_EXAMPLE, _random_linear_case(rng, 3, 2)]
+    if thorough:
+        cases += [_random_linear_case(rng, m, n) for m, n in [(1, 1), (1, 3), (3, 4), (4, 2)]]
+    return cases
+
+
+def _as_floats(value):
+    """Nested lists of floats from lists, tuples, NumPy arrays, NumPy scalars or CPU tensors."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_as_floats(v) for v in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def observe_hand_step(fn, case: dict) -> dict:
+    """Call ``fn`` on a fresh copy of the case, with autograd off, and normalise the numbers."""
+    args = copy.deepcopy(case)
+    # Autograd is switched off: the exercise is to find the gradients by hand.
+    with torch.no_grad():
+        out = call_answer(
+            "ch04_hand_step", "hand_step", fn, args["W"], args["b"], args["x"], args["t"], args["lr"]
+        )
+    if not isinstance(out, dict):
+        return {"returned": out}
+    return {key: _as_floats(out[key]) if key in out else "<missing>" for key in HAND_KEYS} | {
+        key: "<unexpected>" for key in out if key not in HAND_KEYS
+    }
+
+
+def _wrong_hand_step(*, mean=True, two=True, sign=1.0, transpose=False, loss_sum=False):
+    def wrong(W, b, x, t, lr):
+        m = len(t)
+        y, loss = ref.evaluate_linear(W, b, x, t)
+        if loss_sum:
+            loss *= m
+        dy = [(2 if two else 1) * (yi - ti) / (m if mean else 1) for yi, ti in zip(y, t)]
+        dW = [[gi * xj for gi in dy] for xj in x] if transpose else [[gi * xj for xj in x] for gi in dy]
+        W_new = [[w - sign * lr * g for w, g in zip(r, gr)] for r, gr in zip(W, dW)] if not transpose else W
+        b_new = [bi - sign * lr * g for bi, g in zip(b, dy)]
+        return {"y": y, "loss": loss, "dL_dy": dy, "dL_dW": dW, "dL_db": dy, "W_new": W_new, "b_new": b_new}
+
+    return wrong
+
+
+HAND_STEP_MISTAKES = [
+    (
+        "the loss is the *mean* over the m outputs, so dL/dy = 2(y − t)/m. "
+        "Without the 1/m every gradient is m times too big.",
+        _wrong_hand_step(mean=False),
+    ),
+    ("the derivative of (y − t)² is 2(y − t): the factor 2 is missing.", _wrong_hand_step(two=False)),
+    (
+        "dL/dy = (y − t) holds only when the two slips cancel (m = 2): the loss is the mean of "
+        "squares, so dL/dy = 2(y − t)/m.",
+        _wrong_hand_step(mean=False, two=False),
+    ),
+    (
+        "SGD moves *against* the gradient: W_new = W − lr·dL/dW, not W + lr·dL/dW.",
+        _wrong_hand_step(sign=-1.0),
+    ),
+    (
+        "dL/dW has the shape of W (outputs × inputs): row i is dL/dy_i times x, "
+        "the outer product dL/dy ⊗ x, not x ⊗ dL/dy.",
+        _wrong_hand_step(transpose=True),
+    ),
+    ("the loss is the mean of the squared errors, not their sum.", _wrong_hand_step(loss_sum=True)),
+]
+
+
+def check_hand_step(hand_step, thorough: bool = False) -> None:
+    """Compare ``hand_step`` with the reference on the running example and other layers."""
+    for case in hand_step_cases(thorough):
+        label = f"W is {len(case['W'])}×{len(case['x'])}, lr={case['lr']}"
+        explain(
+            "ch04_hand_step",
+            observe_hand_step(hand_step, case),
+            observe_hand_step(ref.hand_step.__wrapped__, case),
+            case=label,
+            known_mistakes=[
+                (msg, lambda wrong=wrong, case=case: observe_hand_step(wrong, case))
+                for msg, wrong in HAND_STEP_MISTAKES
+            ],
+            hint="work one number through by hand (FACTS: y = [-0.1, 1.8], L = 2.225) and "
+            "compare each key in turn.",
+        )
+
+
+# ---------------------------------------------------------------- ch04_train_step
+
+
+def train_step_cases(thorough: bool = False) -> list[dict]:
+    """CPU float32 with SGD+momentum and MSE; thorough: every device, float64, Adam, cross-entropy."""
+    if not thorough:
+        return [{"device": "cpu", "dtype": "float32", "optimizer": "momentum", "loss": "mse", "seed": 0}]
+    seed = grading_seed()
+    cases = []
+    for i, device in enumerate(available_devices()):
+        for j, (dtype, opt, loss) in enumerate(
+            [("float32", "sgd", "ce"), ("float64", "adam", "mse"), ("float32", "momentum", "ce")]
+        ):
+            if dtype == "float64" and device.type == "mps":
+                continue  # MPS has no float64.
+            cases.append(
+                {"device": str(device), "dtype": dtype, "optimizer": opt, "loss": loss, "seed": seed + 10 * i + j}
+            )
+    return cases
+
+
+def _build(case: dict):
+    """A fresh seeded model, optimizer, loss and two batches for a train_step case."""
+    device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
+    gen = torch.Generator().manual_seed(case["seed"])
+    torch.manual_seed(case["seed"])
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    model = model.to(device=device, dtype=dtype)
+    params = model.parameters()
+    optimizer = {
+        "sgd": lambda: torch.optim.SGD(params, lr=0.1),
+        "momentum": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        "adam": lambda: torch.optim.Adam(params, lr=0.05),
+    }[case["optimizer"]]()
+    batches = []
+    for size in (5, 3):
+        x = torch.randn(size, 4, generator=gen, dtype=dtype)
+        if case["loss"] == "mse":
+            y = torch.randn(size, 3, generator=gen, dtype=dtype)
+        else:
+            y = torch.randint(0, 3, (size,), generator=gen)
+        batches.append((x.to(device), y.to(device)))
+    loss_fn = torch.nn.MSELoss() if case["loss"] == "mse" else torch.nn.CrossEntropyLoss()
+    return model, optimizer, loss_fn, batches
+
+
+def _plain(value):
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def observe_train_step(fn, case: dict) -> dict:
+    """Two calls on two batches; what each returned and every parameter after each."""
+    model, optimizer, loss_fn, batches = _build(case)
+    seen = {}
+    for call, (x, y) in enumerate(batches, start=1):
+        returned = call_answer(
+            "ch04_train_step", "train_step", fn, model, optimizer, loss_fn, x, y, case=_label(case)
+        )
+        seen[f"the value returned by call {call}"] = _plain(returned)
+        seen[f"the parameters after call {call}"] = {
+            name: p.detach().clone() for name, p in model.named_parameters()
+        }
+    return seen
+
+
+def _label(case: dict) -> str:
+    return f"{case['device']}, {case['dtype']}, {case['optimizer']}, {case['loss']} loss"
+
+
+def _no_zero_grad(model, optimizer, loss_fn, x, y):
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _step_before_backward(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    optimizer.step()
+    loss.backward()
+    return loss.item()
+
+
+def _zero_grad_before_step(model, optimizer, loss_fn, x, y):
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.zero_grad()
+    optimizer.step()
+    return loss.item()
+
+
+def _no_step(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    return loss.item()
+
+
+def _returns_tensor(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+TRAIN_STEP_MISTAKES = [
+    (
+        "`optimizer.zero_grad()` is missing: `.grad` still holds the first batch's gradient, so the "
+        "second update uses the sum of both. Clear the gradients at the start of every step.",
+        _no_zero_grad,
+    ),
+    (
+        "`optimizer.step()` runs before `loss.backward()`: the first step finds no gradients and "
+        "does nothing, and every later step applies the previous batch's gradient.",
+        _step_before_backward,
+    ),
+    (
+        "`optimizer.zero_grad()` runs between `backward()` and `step()`: it wipes the gradients "
+        "just computed, so the parameters never move.",
+        _zero_grad_before_step,
+    ),
+    ("`optimizer.step()` is missing: gradients are computed but never applied.", _no_step),
+    (
+        "the function returns the loss *tensor*. Return `loss.item()`: a caller that keeps the "
+        "tensor keeps its whole graph in memory.",
+        _returns_tensor,
+    ),
+]
+
+
+def check_train_step(train_step, thorough: bool = False) -> None:
+    """Compare ``train_step`` with the reference step by step; name the ordering mistake if any."""
+    for case in train_step_cases(thorough):
+        explain(
+            "ch04_train_step",
+            observe_train_step(train_step, case),
+            observe_train_step(ref.train_step.__wrapped__, case),
+            case=_label(case),
+            known_mistakes=[
+                (msg, lambda wrong=wrong, case=case: observe_train_step(wrong, case))
+                for msg, wrong in TRAIN_STEP_MISTAKES
+            ],
+            hint="the order is zero_grad → forward → loss → backward → step, then return loss.item().",
+        )

@@ -1,0 +1,260 @@
+"""The machinery every exercise check shares: run the learner's code, compare, explain.
+
+A check works in three moves, so that the same pieces serve the notebook's test cells and the
+grader (which runs the learner's half in an isolated worker):
+
+1. ``observe(fn, case)`` builds fresh inputs from a plain-data ``case`` (a seed, sizes, a device),
+   calls ``fn`` on them and returns what came out as plain data: floats, ints, strings, lists,
+   dicts and tensors. It runs once with the learner's function and once with the reference.
+2. ``first_difference(got, want)`` finds the first place where the two observations disagree,
+   with a tolerance that depends on dtype and device, and exact types (a tensor is not a float).
+3. ``explain(...)`` turns a difference into one message a teaching assistant would write: what
+   was expected, what came back, and the likely mistake, found by observing known wrong
+   implementations on the same case and seeing which one the learner's output matches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from forge_course.device import tolerance
+from forge_course.reference.guard import ReferenceCalled, learner_code
+
+Observation = Any
+KnownMistake = tuple[str, Callable[[], Observation]]
+
+
+class Mistake(AssertionError):
+    """A failed check, worded for the learner. The first line names the exercise id."""
+
+    def __init__(self, grade_id: str, message: str):
+        self.grade_id = grade_id
+        super().__init__(f"[{grade_id}] {message}")
+
+
+def call_answer(grade_id: str, name: str, fn: Callable, *args, case: str = "", **kwargs) -> Any:
+    """Call the learner's ``fn`` and turn the ways it can fail into a `Mistake` that says why."""
+    if not callable(fn):
+        raise Mistake(grade_id, f"`{name}` should be a function, but it is {type(fn).__name__}.")
+    where = f" ({case})" if case else ""
+    try:
+        with learner_code():
+            return fn(*args, **kwargs)
+    except NotImplementedError as err:
+        raise Mistake(
+            grade_id,
+            f"`{name}` is not written yet: replace `raise NotImplementedError()` with your code.",
+        ) from err
+    except ReferenceCalled as err:
+        raise Mistake(grade_id, str(err)) from err
+    except Mistake:
+        raise
+    except Exception as err:
+        raise Mistake(
+            grade_id, f"`{name}` raised {type(err).__name__}{where}: {err}".rstrip(": ")
+        ) from err
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        shown = torch.round(value.detach().double().cpu(), decimals=5).tolist()
+        return f"tensor {shown} ({str(value.dtype).replace('torch.', '')}, shape {list(value.shape)})"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    text = repr(value)
+    return text if len(text) < 160 else text[:157] + "..."
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "a tensor"
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, int):
+        return "an int"
+    if isinstance(value, float):
+        return "a Python float"
+    if value is None:
+        return "None"
+    return f"a {type(value).__name__}"
+
+
+def first_difference(got: Observation, want: Observation, path: str = "the result") -> str | None:
+    """Where ``got`` first differs from ``want``, as a sentence; None when they agree.
+
+    Floats and tensors agree within `forge_course.device.tolerance` for their dtype and device;
+    everything else must be equal. Types are compared exactly, except that an int is accepted
+    where a float is expected (``3`` for ``3.0``) and a tuple where a list is.
+    """
+    if isinstance(want, float) and isinstance(got, int) and not isinstance(got, bool):
+        got = float(got)
+    if isinstance(want, list) and isinstance(got, tuple):
+        got = list(got)
+    if type(got) is not type(want) and not (
+        isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)
+    ):
+        return f"{path} should be {_kind(want)} ({_show(want)}), but it is {_kind(got)} ({_show(got)})"
+    if isinstance(want, torch.Tensor):
+        return _tensor_difference(got, want, path)
+    if isinstance(want, float):
+        if math.isnan(want) and math.isnan(got):
+            return None
+        if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
+            return f"{path} should be {_show(want)}, but it is {_show(got)}"
+        return None
+    if isinstance(want, dict):
+        missing = [k for k in want if k not in got]
+        if missing:
+            return f"{path} is missing the key(s) {missing}"
+        extra = [k for k in got if k not in want]
+        if extra:
+            return f"{path} has unexpected key(s) {extra}"
+        for key in want:
+            inner = key if path == "the result" and isinstance(key, str) else f"{path}[{key!r}]"
+            diff = first_difference(got[key], want[key], inner)
+            if diff:
+                return diff
+        return None
+    if isinstance(want, list):
+        if len(got) != len(want):
+            return f"{path} should have {len(want)} items, but it has {len(got)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            diff = first_difference(g, w, f"{path}[{i}]")
+            if diff:
+                return diff
+        return None
+    if got != want:
+        return f"{path} should be {_show(want)}, but it is {_show(got)}"
+    return None
+
+
+def _tensor_difference(got: torch.Tensor, want: torch.Tensor, path: str) -> str | None:
+    if got.dtype != want.dtype:
+        return f"{path} should have dtype {want.dtype}, but it has {got.dtype}"
+    if got.shape != want.shape:
+        return f"{path} should have shape {list(want.shape)}, but it has {list(got.shape)}"
+    if got.device != want.device:
+        return f"{path} should be on {want.device}, but it is on {got.device}"
+    if got.is_floating_point():
+        close = torch.isclose(got.detach(), want.detach(), equal_nan=True, **tolerance(want.dtype, want.device))
+    else:
+        close = got == want
+    if bool(close.all()):
+        return None
+    if want.numel() <= 6:
+        return f"{path} should be {_show(want)}, but it is {_show(got)}"
+    # Large tensors: point at the worst element rather than printing everything.
+    gap = (got.detach().double() - want.detach().double()).abs().nan_to_num(float("inf"))
+    index = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
+    return (
+        f"{path} differs in {int((~close).sum())} of {want.numel()} entries; at {list(index)} "
+        f"it should be {_show(want[index].item())}, but it is {_show(got[index].item())}"
+    )
+
+
+def explain(
+    grade_id: str,
+    got: Observation,
+    want: Observation,
+    *,
+    case: str = "",
+    known_mistakes: Iterable[KnownMistake] = (),
+    hint: str = "",
+) -> None:
+    """Raise a `Mistake` if ``got`` differs from ``want``, naming a known mistake that matches.
+
+    Args:
+        grade_id: the exercise id, shown first in the message.
+        got, want: observations of the learner's function and of the reference.
+        case: a few words describing the inputs, shown with the difference.
+        known_mistakes: ``(message, observe_wrong)`` pairs; ``observe_wrong()`` observes a known
+            wrong implementation on the same case. The first whose observation equals ``got``
+            gives the likely mistake. They only run when the answer is wrong.
+        hint: the likely mistake to suggest when no known mistake matches.
+    """
+    diff = first_difference(got, want)
+    if diff is None:
+        return
+    where = f" (case: {case})" if case else ""
+    key = _first_differing_key(got, want)
+    for message, observe_wrong in known_mistakes:
+        wrong = observe_wrong()
+        # A known mistake matches when it goes wrong in the same place and the same way.
+        same = first_difference(got, wrong) if key is None else _difference_at(got, wrong, key)
+        if same is None:
+            raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}")
+    raise Mistake(grade_id, f"{diff}{where}." + (f"\nLikely mistake: {hint}" if hint else ""))
+
+
+def _first_differing_key(got: Observation, want: Observation) -> str | None:
+    if not (isinstance(got, dict) and isinstance(want, dict)) or got.keys() != want.keys():
+        return None
+    return next((k for k in want if first_difference(got[k], want[k]) is not None), None)
+
+
+def _difference_at(got: dict, wrong: Observation, key: str) -> str | None:
+    if not isinstance(wrong, dict) or key not in wrong:
+        return "no such key"
+    return first_difference(got[key], wrong[key])
+
+
+def grading_seed() -> int:
+    """The seed for hidden cases: new for every grading run, so answers cannot be tuned to it.
+
+    Set ``FORGE_GRADING_SEED`` to replay a run exactly.
+    """
+    env = os.environ.get("FORGE_GRADING_SEED")
+    return int(env) if env else _RUN_SEED
+
+
+_RUN_SEED = random.SystemRandom().randrange(2**31)
+
+
+def check_choice(
+    answer: Any,
+    grade_id: str,
+    choices: Sequence[str],
+    correct: str | None = None,
+    why_not: dict[str, str] | None = None,
+) -> None:
+    """Check a multiple-choice answer: first that it is one of ``choices``, then (hidden) that it is right.
+
+    Visible tests call it without ``correct`` so learners learn the format, not the answer.
+    """
+    if answer is None or answer is ...:
+        raise Mistake(grade_id, f"No answer yet: set it to one of {list(choices)}.")
+    if not isinstance(answer, str) or answer.strip().lower() not in choices:
+        raise Mistake(grade_id, f"The answer should be one of {list(choices)}, got {answer!r}.")
+    if correct is not None and answer.strip().lower() != correct:
+        reason = (why_not or {}).get(answer.strip().lower(), "")
+        raise Mistake(grade_id, f"{answer!r} is not right. {reason}".strip())
+
+
+def check_number(
+    answer: Any,
+    grade_id: str,
+    expected: float | None = None,
+    *,
+    rel_tol: float = 1e-9,
+    hints: dict[float, str] | None = None,
+) -> None:
+    """Check a numeric answer: first that it is a number, then (hidden) that it equals ``expected``.
+
+    ``hints`` maps the values that common slips produce to what the slip was.
+    """
+    if answer is None or answer is ...:
+        raise Mistake(grade_id, "No answer yet: set it to a number.")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        raise Mistake(grade_id, f"The answer should be a number, got {answer!r}.")
+    if expected is None or math.isclose(answer, expected, rel_tol=rel_tol, abs_tol=1e-12):
+        return
+    for value, slip in (hints or {}).items():
+        if math.isclose(answer, value, rel_tol=rel_tol, abs_tol=1e-12):
+            raise Mistake(grade_id, f"{answer} is not right: {slip}")
+    raise Mistake(grade_id, f"{answer} is not right.")

@@ -1,0 +1,1 @@
+"""Simulation engines (pure functions, tested headless) and their thin ipywidgets views."""

@@ -1,0 +1,128 @@
+"""Step through one training iteration of ``y = W·x + b``: every tensor, in the order it appears.
+
+The engine, `step_through`, is a pure function from the example's numbers to a list of stages;
+`draw_stage` draws one stage as a row of labelled "tensor cards"; `step_through_view` wires both
+to sliders. Tests drive the engine; the browser test checks that the view renders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import matplotlib.pyplot as plt
+
+from forge_course.reference.step import evaluate_linear, hand_step
+from forge_course.sims.display import PALETTE, show
+
+#: The tensors shown, left to right, and the stage at which each one is computed.
+CARDS = ("x", "W", "b", "y", "t", "loss", "dL_dy", "dL_dW", "dL_db", "W_new", "b_new", "loss_new")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One moment of the iteration: a name, a sentence with numbers, the tensors known so far."""
+
+    name: str
+    caption: str
+    values: dict[str, object] = field(default_factory=dict)
+    new: tuple[str, ...] = ()
+
+
+def _fmt(value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    return f"{value:.4g}"
+
+
+def step_through(W, b, x, t, lr: float = 0.01) -> list[Stage]:
+    """The stages of one SGD iteration on ``y = W·x + b`` with MSE loss.
+
+    Args:
+        W, b, x, t: the layer, one input and its target, as nested lists of floats.
+        lr: the learning rate.
+
+    Returns:
+        Six stages: inputs, forward, loss, backward, update, and the forward after the update.
+        Each stage's ``values`` holds every tensor known at that point, ``new`` the ones it added.
+    """
+    s = hand_step(W, b, x, t, lr)
+    y_new, loss_new = evaluate_linear(s["W_new"], s["b_new"], x, t)
+    known = {"x": x, "W": W, "b": b, "t": t}
+    plan = [
+        ("inputs", f"The batch x = {_fmt(x)} and target t = {_fmt(t)} meet the layer.", {}),
+        ("forward", f"Forward: y = W·x + b = {_fmt(s['y'])}.", {"y": s["y"]}),
+        ("loss", f"Loss: mean((y − t)²) = {_fmt(s['loss'])}.", {"loss": s["loss"]}),
+        (
+            "backward",
+            f"Backward: dL/dy = 2(y − t)/{len(t)} = {_fmt(s['dL_dy'])}; "
+            f"dL/dW = dL/dy ⊗ x; dL/db = dL/dy.",
+            {"dL_dy": s["dL_dy"], "dL_dW": s["dL_dW"], "dL_db": s["dL_db"]},
+        ),
+        (
+            "update",
+            f"Step: W ← W − {lr:g}·dL/dW, b ← b − {lr:g}·dL/db.",
+            {"W_new": s["W_new"], "b_new": s["b_new"]},
+        ),
+        (
+            "check",
+            f"Forward again: loss {_fmt(s['loss'])} → {_fmt(loss_new)} "
+            f"({'lower' if loss_new < s['loss'] else 'not lower: lr too large?'}).",
+            {"loss_new": loss_new},
+        ),
+    ]
+    stages = []
+    for name, caption, added in plan:
+        known = {**known, **added}
+        stages.append(Stage(name, caption, dict(known), tuple(added)))
+    return stages
+
+
+def draw_stage(stages: list[Stage], index: int, ax=None):
+    """Draw stage ``index``: new tensors orange, known ones blue, future ones grey."""
+    stage = stages[index]
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(11, 2.6))
+    else:
+        fig = ax.figure
+    ax.clear()
+    ax.set_xlim(0, len(CARDS))
+    ax.set_ylim(0, 1)
+    ax.axis("off")
+    for i, name in enumerate(CARDS):
+        if name in stage.new:
+            colour, text = PALETTE["orange"], _fmt(stage.values[name])
+        elif name in stage.values:
+            colour, text = PALETTE["sky"], _fmt(stage.values[name])
+        else:
+            colour, text = "#eeeeee", "?"
+        ax.add_patch(plt.Rectangle((i + 0.05, 0.1), 0.9, 0.7, color=colour, ec=PALETTE["black"]))
+        ax.text(i + 0.5, 0.88, name, ha="center", va="bottom", fontsize=9, fontweight="bold")
+        ax.text(i + 0.5, 0.45, text.replace("], [", "],\n["), ha="center", va="center", fontsize=7)
+    ax.set_title(f"Stage {index + 1}/{len(stages)}, {stage.name}: {stage.caption}", fontsize=10)
+    return fig
+
+
+def step_through_view(W, b, x, t, lr: float = 0.01) -> None:
+    """Sliders for the stage and the learning rate over the cards of `draw_stage`."""
+    import ipywidgets as widgets
+
+    stage_slider = widgets.IntSlider(0, 0, 5, description="stage", continuous_update=True)
+    lr_slider = widgets.FloatLogSlider(lr, base=10, min=-3, max=0, description="lr")
+    out = widgets.Output()
+
+    def redraw(*_):
+        stages = step_through(W, b, x, t, lr_slider.value)
+        with out:
+            out.clear_output(wait=True)
+            fig = draw_stage(stages, stage_slider.value)
+            plt.show(fig)
+
+    stage_slider.observe(redraw, "value")
+    lr_slider.observe(redraw, "value")
+    redraw()
+    box = widgets.VBox([widgets.HBox([stage_slider, lr_slider]), out])
+    static = plt.figure(figsize=(11, 2.6 * 3))
+    stages = step_through(W, b, x, t, lr)
+    for row, index in enumerate((1, 3, 5)):
+        draw_stage(stages, index, static.add_subplot(3, 1, row + 1))
+    show(box, static)
