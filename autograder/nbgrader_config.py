@@ -13,6 +13,8 @@ from pathlib import Path
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades
 
+from forge_course.grading.feedback import TracebacksToMessages
+
 c = get_config()  # noqa: F821  (nbgrader provides it when it loads this file)
 
 root = Path(os.environ.get("FORGE_COURSE_ROOT", Path(__file__).resolve().parent.parent))
@@ -35,5 +37,10 @@ c.Execute.timeout = 120
 c.Execute.shutdown_kernel = "immediate"
 # A deleted test cell must still count (as zero), not silently become "needs manual grade".
 c.OverwriteCells.add_missing_cells = True
-# Feedback shows each test's message, never the code of hidden tests.
-c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
+# Feedback shows each test's message, never the code of hidden tests (nor tracebacks quoting it).
+c.GenerateFeedback.preprocessors = [
+    GetGrades,
+    ClearHiddenTests,
+    TracebacksToMessages,
+    CSSHTMLHeaderPreprocessor,
+]

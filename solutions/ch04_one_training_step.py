@@ -209,13 +209,16 @@ for call in range(1, 4):
 # ## Broken orders, measured
 #
 # The next cell trains the same small network (2 → 16 → 1, SGD with momentum) for
-# `DEMO_STEPS` steps with five versions of the loop, on the same data from the same start:
+# `DEMO_STEPS` steps with four versions of the loop, on the same data from the same start:
 #
 # * **correct**: zero_grad, forward, loss, backward, step;
+# * **zero_grad last**: forward, loss, backward, step, zero_grad. Also correct: what matters is
+#   that `.grad` is clear before the next `backward()`;
 # * **no zero_grad**: the gradient the optimizer sees is the running sum of all gradients so far;
-# * **step before backward**: every update uses the *previous* batch's gradient;
-# * **zero_grad between backward and step**: the fresh gradient is wiped before it is used;
-# * **no step**: gradients are computed, never applied.
+# * **step before backward**: zero_grad, forward, loss, step, backward. `step()` finds `.grad`
+#   cleared and does nothing; the fresh gradient is cleared at the next `zero_grad()`. The model
+#   never moves. A missing `step()`, or a `zero_grad()` between `backward()` and `step()`, gives
+#   the same flat line.
 #
 # The left plot shows the loss, the right the norm of the gradient the optimizer used.
 
@@ -237,41 +240,37 @@ def run_loop(order, steps=DEMO_STEPS):
     losses, norms = [], []
     for i in range(steps):
         inputs, targets = make_regression(SEED + i % 8)
-        if order != "no zero_grad":
+        if order in ("correct", "step before backward"):
             opt.zero_grad()
         loss = mse(net(inputs), targets)
         if order == "step before backward":
             opt.step()
-            loss.backward()
-        else:
-            loss.backward()
-            if order == "zero_grad between backward and step":
-                opt.zero_grad()
-            grads = [p.grad.norm() for p in net.parameters() if p.grad is not None]
-            norms.append(torch.stack(grads).norm().item() if grads else 0.0)
-            if order != "no step":
-                opt.step()
+        loss.backward()
+        norms.append(torch.stack([p.grad.norm() for p in net.parameters()]).norm().item())
+        if order != "step before backward":
+            opt.step()
+        if order == "zero_grad last":
+            opt.zero_grad()
         losses.append(loss.item())
     return losses, norms
 
 
 orders = {
     "correct": PALETTE["blue"],
+    "zero_grad last": PALETTE["sky"],
     "no zero_grad": PALETTE["vermillion"],
     "step before backward": PALETTE["orange"],
-    "zero_grad between backward and step": PALETTE["green"],
-    "no step": PALETTE["grey"],
 }
 results = {order: run_loop(order) for order in orders}
 
 fig, (ax_loss, ax_norm) = plt.subplots(1, 2, figsize=(11, 3.8))
 for order, colour in orders.items():
     losses, norms = results[order]
-    ax_loss.plot(losses, color=colour, label=order)
-    if norms:
-        ax_norm.plot(norms, color=colour, label=order)
+    style = "--" if order == "zero_grad last" else "-"
+    ax_loss.plot(losses, style, color=colour, label=order)
+    ax_norm.plot(norms, style, color=colour, label=order)
 ax_loss.set(xlabel="step", ylabel="training loss (MSE)", yscale="log", title="Loss per step")
-ax_norm.set(xlabel="step", ylabel="norm of the gradient used", title="Gradient seen by step()")
+ax_norm.set(xlabel="step", ylabel="norm of .grad after backward", title="Gradient in .grad")
 ax_loss.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
@@ -279,18 +278,17 @@ for order in orders:
     print(f"{order:38} loss after {DEMO_STEPS} steps: {results[order][0][-1]:.4f}")
 
 # %% [markdown]
-# *Alt text: two line charts over 40 steps. Left: the correct loop's loss falls steadily; "no
-# step" and "zero_grad between backward and step" stay flat at the starting loss; "step before
-# backward" lags the correct loop; "no zero_grad" swings and ends far above it. Right: the
-# gradient norm that "no zero_grad" hands to the optimizer climbs step after step, while the
-# others stay small.*
+# *Alt text: two line charts over 40 steps. Left: the correct loop's loss falls steadily and
+# "zero_grad last" lies exactly on top of it; "step before backward" stays flat at the starting
+# loss; "no zero_grad" swings and ends far above the correct loop. Right: the norm of `.grad`
+# under "no zero_grad" climbs step after step, while the others stay small.*
 #
-# Read the right-hand plot with FACTS in mind: without `zero_grad` the optimizer's gradient is
-# the **sum** of every gradient so far. While those gradients point roughly the same way the sum
-# grows about linearly with the number of steps; it is not an exponential, but with momentum it
-# is enough to throw the loss around, and no error is ever raised.
+# Check the printed losses: "correct" and "zero_grad last" agree to the last digit. Read the
+# right-hand plot with care: without `zero_grad`, `.grad` is the **sum** of every gradient so
+# far. While those gradients point roughly the same way the sum grows about linearly with the
+# number of steps; that is not an exponential, but with momentum it is enough to throw the
+# loss around, and no error is ever raised.
 
-# %% [markdown]
 # ## `nn.CrossEntropyLoss` wants logits
 #
 # `nn.CrossEntropyLoss` applies `log_softmax` itself. If the model already ends in `softmax`,

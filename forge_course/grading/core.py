@@ -183,11 +183,14 @@ def explain(
         return
     where = f" (case: {case})" if case else ""
     key = _first_differing_key(got, want)
-    for message, observe_wrong in known_mistakes:
-        wrong = observe_wrong()
-        # A known mistake matches when it goes wrong in the same place and the same way.
-        same = first_difference(got, wrong) if key is None else _difference_at(got, wrong, key)
-        if same is None:
+    wrongs = [(message, observe_wrong()) for message, observe_wrong in known_mistakes]
+    # A known mistake matches when it reproduces the whole observation; failing that, when it
+    # goes wrong in the same place and the same way (the rest may differ for other reasons).
+    for message, wrong in wrongs:
+        if first_difference(got, wrong) is None:
+            raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}")
+    for message, wrong in wrongs:
+        if key is not None and _difference_at(got, wrong, key) is None:
             raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}")
     raise Mistake(grade_id, f"{diff}{where}." + (f"\nLikely mistake: {hint}" if hint else ""))
 

@@ -1,0 +1,30 @@
+# forge-course: `make lab` to learn, `make test` to check everything. Set-up runs once, when needed.
+VENV     ?= .venv
+BIN      := $(VENV)/bin
+STAMP    := $(VENV)/.installed
+LAB_PORT ?= 8888
+LAB_ARGS ?=
+
+.PHONY: setup lab test release grade bench
+
+setup: $(STAMP)
+
+# The constraints file pins the CPU build of torch for this set-up only; the package asks for a range.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+		--ServerApp.root_dir=$(CURDIR) \
+		--LabApp.default_url=/lab/tree/notebooks/index.ipynb $(LAB_ARGS)
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -n 2
+
+release: setup
+	$(BIN)/forge-course release

@@ -1,0 +1,30 @@
+"""The loop doctor: run a training loop under instrumentation and name the silent bugs it shows.
+
+Most training bugs do not crash: a missing `zero_grad()`, validation in train mode, a list of
+losses that keeps every graph alive. The doctor hands a learner's training function a small,
+seeded problem, watches the run (forward and gradient hooks, every optimizer step, the loaders,
+the loss), and reports each bug it sees with a stable code, a one-sentence explanation and the
+evidence from this run::
+
+    from forge_course.doctor import diagnose
+
+    # fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device)
+    report = diagnose(fit)
+    report.codes  # e.g. ["missing_zero_grad"]; report.ok is True when there is none
+
+From a shell: ``forge-course doctor path/to/script.py:fit`` or
+``python -m forge_course.doctor path/to/script.py:fit``.
+
+Modules: `patient` (the model and data), `instruments` (what is watched), `findings` (the rule
+for every code), `report` (codes, messages, output), `examine` (`diagnose`), `cli` (`main`).
+
+Limits: the doctor sees the model's forwards through module hooks, so a loop that calls
+`model.forward(x)` directly hides its forwards (gradients and updates are still seen). The
+softmax check watches the `loss_fn` it hands over, not a loss the loop builds itself.
+"""
+
+from forge_course.doctor.cli import main
+from forge_course.doctor.examine import diagnose
+from forge_course.doctor.report import CODES, Finding, Report
+
+__all__ = ["CODES", "Finding", "Report", "diagnose", "main"]

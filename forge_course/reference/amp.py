@@ -1,0 +1,135 @@
+"""Automatic mixed precision: the forward pass in 16 bits, the weights and the update in 32.
+
+Under ``torch.autocast`` each operation picks its own precision: matrix multiplications and
+convolutions run in a 16-bit type, while reductions, softmax and losses stay in float32. The
+parameters stay float32 throughout (never call ``model.half()`` for AMP), so the optimizer
+updates full-precision weights.
+
+Which 16-bit type
+    float16 has 10 mantissa bits but only 5 exponent bits: its smallest positive value is about
+    6e-8, so small gradients round to zero (underflow). bfloat16 has float32's 8 exponent bits
+    and only 7 mantissa bits: coarser, but it reaches down to about 1e-38 as float32 does. This
+    module follows autocast's own defaults: float16 on CUDA and Apple MPS, and bfloat16 on
+    the CPU (the type its CPU kernels are tuned for, and one that needs no scaler).
+
+Why float16 needs a ``GradScaler`` and bfloat16 does not
+    The scaler multiplies the loss by a large factor ``S`` (65536 to start) before ``backward``,
+    so every gradient is ``S`` times larger and clears float16's underflow limit; it divides
+    ``S`` back out (``unscale_``) before the update. If a scaled gradient overflowed to inf or
+    nan, ``scaler.step`` skips the update and ``scaler.update`` halves ``S``; after 2000 clean
+    steps in a row it doubles ``S`` again. bfloat16 has no underflow problem to solve, so it gets no
+    scaler: `make_scaler` returns ``None`` for it.
+
+Knowing when an update was skipped
+    ``scaler.update`` lowers the scale exactly when it found an inf or nan, and it only ever
+    lowers it for that reason, so a skipped update shows as a scale that went down. Read
+    ``scaler.get_scale()`` before the step and ask `step_was_skipped` afterwards. A run that
+    skips every step is not training; a few skips while the scale calibrates are normal.
+
+Is it faster?
+    On GPUs with tensor cores, large 16-bit matrix multiplications run much faster and the
+    activations they save take half the memory. On a CPU without bfloat16 instructions,
+    autocast gives the same numbers to bfloat16 precision but is not faster and can be slower:
+    measure before claiming.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from forge_course.reference.guard import reference
+
+__all__ = ["autocast_dtype", "make_scaler", "amp_train_step", "step_was_skipped"]
+
+
+@reference
+def autocast_dtype(device: torch.device | str) -> torch.dtype:
+    """The 16-bit type autocast should use on ``device`` (a ``torch.device`` or a string).
+
+    float16 on CUDA and MPS, bfloat16 on the CPU; any other device type gets torch's own
+    autocast default for it.
+    """
+    kind = torch.device(device).type
+    if kind in ("cuda", "mps"):
+        return torch.float16
+    if kind == "cpu":
+        return torch.bfloat16
+    return torch.get_autocast_dtype(kind)
+
+
+@reference
+def make_scaler(device: torch.device | str) -> torch.amp.GradScaler | None:
+    """A fresh ``GradScaler`` where autocast runs in float16 on ``device``, else ``None``.
+
+    Create it once, before the loop: its scale adapts from one step to the next.
+    """
+    kind = torch.device(device).type
+    if autocast_dtype(kind) == torch.float16:
+        return torch.amp.GradScaler(kind)
+    return None
+
+
+@reference
+def amp_train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    scaler: torch.amp.GradScaler | None = None,
+    max_grad_norm: float | None = None,
+) -> float:
+    """One optimizer update with the forward pass and loss under autocast.
+
+    Args:
+        model: a float32 model on ``x``'s device.
+        optimizer: the optimizer over ``model``'s parameters.
+        loss_fn: the loss; it runs under autocast too, which keeps losses in float32.
+        x: the input batch; autocast runs on its device type.
+        y: the targets.
+        scaler: the run's ``GradScaler`` (from `make_scaler`), or ``None`` for plain backward.
+        max_grad_norm: if given, the (unscaled) gradient's total 2-norm is clipped to it.
+
+    Returns:
+        The batch's loss as a Python float. With a scaler the update may have been skipped; see
+        `step_was_skipped`.
+    """
+    optimizer.zero_grad()
+    with torch.autocast(x.device.type, dtype=autocast_dtype(x.device)):
+        loss = loss_fn(model(x), y)
+    # Backward runs outside autocast: each operation's backward uses the type its forward used.
+    if scaler is None:
+        loss.backward()
+    else:
+        scaler.scale(loss).backward()
+        # Divide the scale back out now, so clipping sees the true gradients, not S times them.
+        scaler.unscale_(optimizer)
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)  # calls optimizer.step() only if no gradient is inf or nan
+        scaler.update()
+    return loss.item()
+
+
+def step_was_skipped(scaler: torch.amp.GradScaler | None, scale_before: float) -> bool:
+    """Whether the scaler skipped the last update because a gradient was inf or nan.
+
+    Args:
+        scaler: the ``GradScaler`` used for the step, or ``None`` (no scaler never skips).
+        scale_before: ``scaler.get_scale()`` read just before the step.
+
+    Returns:
+        True if the scale went down in ``scaler.update()``, which happens exactly when the
+        update was skipped.
+
+    Example::
+
+        before = scaler.get_scale()
+        loss = amp_train_step(model, optimizer, loss_fn, x, y, scaler)
+        if step_was_skipped(scaler, before):
+            skipped += 1
+    """
+    return scaler is not None and scaler.get_scale() < scale_before

@@ -1,0 +1,141 @@
+"""The round trip with real nbgrader: release, submit, autograde, feedback.
+
+For each chapter, in a temporary copy of the course: the solved notebook scores full marks, the
+untouched release scores zero, each wrong answer loses its exercise's points with feedback that
+names the mistake (and only that exercise's points), a differently written correct answer scores
+full marks, and an answer that calls the reference scores nothing.
+"""
+
+import importlib
+import os
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+
+from forge_course.release import build_sources, generate_release
+from tests.conftest import CHAPTERS, REPO
+
+
+def _answers(chapter):
+    return importlib.import_module(f"tests.answers.{chapter[:4]}")
+
+
+def _solutions(source_nb):
+    """grade_id -> source of every solution cell, as the instructor wrote it."""
+    return {
+        c.metadata["nbgrader"]["grade_id"]: c.source
+        for c in source_nb.cells
+        if c.metadata.get("nbgrader", {}).get("solution")
+    }
+
+
+def _submission(release_nb, replacements):
+    nb = nbformat.from_dict(release_nb)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in replacements:
+            cell.source = replacements[grade_id]
+    return nb
+
+
+def _nbgrader(root, *args):
+    env = {**os.environ, "FORGE_COURSE_ROOT": str(root)}
+    return subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=REPO / "autograder", env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+def _test_outputs(nb):
+    """grade_id of each graded cell -> the text of its error, or '' when it passed."""
+    texts = {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade"):
+            errors = [o for o in cell.outputs if o.output_type == "error"]
+            texts[meta["grade_id"]] = "\n".join(f"{e.ename}: {e.evalue}" for e in errors)
+    return texts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_round_trip(chapter, tmp_path):
+    """One nbgrader run per chapter (it is the slow part); every check collected, then reported."""
+    root = tmp_path
+    build_sources(REPO, root / "build" / "source")
+    generate_release(root, [chapter])
+    name = f"{chapter}.ipynb"
+    source = nbformat.read(root / "build" / "source" / chapter / name, as_version=4)
+    released = nbformat.read(root / "notebooks" / chapter / name, as_version=4)
+    answers = _answers(chapter)
+    solved = _solutions(source)
+    # Every submission but the blank one answers the cells it does not change correctly.
+    students = {
+        "solution": solved,
+        "blank": {},
+        "alternative": {**solved, **answers.ALTERNATIVE},
+        "reference": {**solved, **answers.REFERENCE_CALLER},
+    }
+    rounds = max(len(v) for v in answers.WRONG.values())
+    for k in range(rounds):
+        wrong = {c: v[k][0] for c, v in answers.WRONG.items() if len(v) > k}
+        students[f"wrong_{k + 1}"] = {**solved, **wrong}
+    for student, replacements in students.items():
+        path = root / "grading" / "submitted" / student / chapter / name
+        path.parent.mkdir(parents=True)
+        nbformat.write(_submission(released, replacements), path)
+
+    run = _nbgrader(root, "autograde", chapter, "--force")
+    assert run.returncode == 0, run.stdout + run.stderr
+    scores, outputs = {}, {}
+    with Gradebook(f"sqlite:///{root / 'grading' / 'gradebook.db'}") as gb:
+        for student in students:
+            sub = gb.find_submission_notebook(chapter, chapter, student)
+            scores[student] = {g.name: (g.score, g.max_score) for g in sub.grades}
+            graded = root / "grading" / "autograded" / student / chapter / name
+            outputs[student] = _test_outputs(nbformat.read(graded, as_version=4))
+
+    problems = []
+    for test, (score, top) in scores["solution"].items():
+        if score != top:
+            problems.append(f"solution loses points on {test}: {outputs['solution'][test]}")
+    for test, (score, _) in scores["blank"].items():
+        if score != 0:
+            problems.append(f"the blank release scores on {test}")
+    for test, (score, top) in scores["alternative"].items():
+        if score != top:
+            problems.append(f"a correct alternative fails {test}: {outputs['alternative'][test]}")
+    for cell in answers.REFERENCE_CALLER:
+        test = f"{cell}_tests"
+        if scores["reference"][test][0] != 0:
+            problems.append(f"calling the reference scores on {test}")
+        elif "calls forge_course's reference" not in outputs["reference"][test]:
+            problems.append(f"calling the reference is not named: {outputs['reference'][test]}")
+    for k in range(rounds):
+        student = f"wrong_{k + 1}"
+        failing = {}
+        for options in answers.WRONG.values():
+            if len(options) > k:
+                failing.update(options[k][1])
+        for test, (score, top) in scores[student].items():
+            said = outputs[student][test]
+            if test not in failing:
+                if score != top:
+                    problems.append(f"{student} loses points on {test}, which it answered: {said}")
+            elif score != 0:
+                problems.append(f"{student} keeps the points of {test}")
+            elif failing[test] not in said:
+                problems.append(f"{student}: {test} should say {failing[test]!r}; it says {said!r}")
+
+    run = _nbgrader(root, "generate_feedback", chapter, "--student", "wrong_1", "--force")
+    assert run.returncode == 0, run.stdout + run.stderr
+    html = (root / "grading" / "feedback" / "wrong_1" / chapter / f"{chapter}.html").read_text()
+    for secret in ("thorough=True", "BEGIN HIDDEN TESTS"):
+        if secret in html:
+            problems.append(f"the feedback shows hidden test code ({secret!r})")
+    if "Likely mistake" not in html:
+        problems.append("the feedback does not carry the checks' messages")
+    assert not problems, "\n".join(problems)
