@@ -4,6 +4,8 @@ BIN      := $(VENV)/bin
 STAMP    := $(VENV)/.installed
 LAB_PORT ?= 8888
 LAB_ARGS ?=
+# Tools that the tests start by name (nbgrader runs `alembic`, the lab test runs `jupyter`).
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: setup lab test release grade bench
 

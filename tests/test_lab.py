@@ -54,9 +54,18 @@ def test_make_lab_serves_the_index_and_every_chapter(tmp_path):
             model = json.loads(_get(f"{base}/api/contents/{path}", token))
             assert model["content"]["cells"], f"{path} is empty"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        _stop(server)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """End make, JupyterLab and its kernels: the whole process group they share."""
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
         try:
-            server.wait(timeout=20)
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            server.wait(timeout=wait)
+            return
         except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+            continue

@@ -147,6 +147,7 @@ def _train_rank(
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    model = None
     try:
         dataset = make_dataset(steps, global_batch, seed)
         sampler = DistributedSampler(
@@ -174,7 +175,10 @@ def _train_rank(
             torch.allclose(weights[name], reference[name], **tolerance(torch.float32, device))
             for name in weights
         )
+        dist.barrier()  # no rank tears down its group while a peer still talks to it
     finally:
+        # DDP's reducer holds the process group: release it first, or gloo can abort at exit.
+        model = None
         dist.destroy_process_group()
     summary = {
         "rank": rank,
