@@ -9,18 +9,35 @@ with a message instead of passing. Outside a check the references work as usual.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 F = TypeVar("F", bound=Callable)
 
 _state = threading.local()
+_REFERENCE_DIR = Path(__file__).resolve().parent
+# The undecorated reference functions: a check may observe them directly, nested calls included.
+_ORIGINALS: set = set()
 
 
 class ReferenceCalled(RuntimeError):
     """Raised when an answer calls the reference implementation it is being graded against."""
+
+
+def is_reference(fn: Callable) -> bool:
+    """True for the undecorated function behind a `@reference` (what checks compare with)."""
+    try:
+        return fn in _ORIGINALS
+    except TypeError:  # unhashable callables are never references
+        return False
+
+
+def _called_from_reference(frame) -> bool:
+    return Path(frame.f_code.co_filename).resolve().parent == _REFERENCE_DIR
 
 
 def _inside_learner_code() -> bool:
@@ -40,10 +57,12 @@ def learner_code() -> Iterator[None]:
 def reference(fn: F) -> F:
     """Mark `fn` (a function or a class) as a reference answer that learner code may not call."""
     target = fn.__init__ if isinstance(fn, type) else fn
+    _ORIGINALS.add(fn if isinstance(fn, type) else target)
 
     @functools.wraps(target)
     def guarded(*args, **kwargs):
-        if _inside_learner_code():
+        # One reference may use another (an epoch loop calls the step): only learner code is barred.
+        if _inside_learner_code() and not _called_from_reference(sys._getframe(1)):
             raise ReferenceCalled(
                 f"Your answer calls forge_course's reference `{fn.__qualname__}`. "
                 "The exercise asks you to write it yourself, so this does not score."
