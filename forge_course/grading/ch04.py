@@ -15,7 +15,7 @@ import random
 import torch
 
 from forge_course.device import available_devices
-from forge_course.grading.core import call_answer, explain, grading_seed
+from forge_course.grading.core import Exercise, call_answer, grading_seed
 from forge_course.reference import step as ref
 
 # ---------------------------------------------------------------- ch04_hand_step
@@ -67,7 +67,14 @@ def observe_hand_step(fn, case: dict) -> dict:
     # Autograd is switched off: the exercise is to find the gradients by hand.
     with torch.no_grad():
         out = call_answer(
-            "ch04_hand_step", "hand_step", fn, args["W"], args["b"], args["x"], args["t"], args["lr"]
+            "ch04_hand_step",
+            "hand_step",
+            fn,
+            args["W"],
+            args["b"],
+            args["x"],
+            args["t"],
+            args["lr"],
         )
     if not isinstance(out, dict):
         return {"returned": out}
@@ -81,10 +88,26 @@ def _wrong_hand_step(*, mean=True, two=True, sign=1.0, transpose=False, loss_sum
         if loss_sum:
             loss *= m
         dy = [(2 if two else 1) * (yi - ti) / (m if mean else 1) for yi, ti in zip(y, t)]
-        dW = [[gi * xj for gi in dy] for xj in x] if transpose else [[gi * xj for xj in x] for gi in dy]
-        W_new = [[w - sign * lr * g for w, g in zip(r, gr)] for r, gr in zip(W, dW)] if not transpose else W
+        dW = (
+            [[gi * xj for gi in dy] for xj in x]
+            if transpose
+            else [[gi * xj for xj in x] for gi in dy]
+        )
+        W_new = (
+            [[w - sign * lr * g for w, g in zip(r, gr)] for r, gr in zip(W, dW)]
+            if not transpose
+            else W
+        )
         b_new = [bi - sign * lr * g for bi, g in zip(b, dy)]
-        return {"y": y, "loss": loss, "dL_dy": dy, "dL_dW": dW, "dL_db": dy, "W_new": W_new, "b_new": b_new}
+        return {
+            "y": y,
+            "loss": loss,
+            "dL_dy": dy,
+            "dL_dW": dW,
+            "dL_db": dy,
+            "W_new": W_new,
+            "b_new": b_new,
+        }
 
     return wrong
 
@@ -95,7 +118,10 @@ HAND_STEP_MISTAKES = [
         "Without the 1/m every gradient is m times too big.",
         _wrong_hand_step(mean=False),
     ),
-    ("the derivative of (y − t)² is 2(y − t): the factor 2 is missing.", _wrong_hand_step(two=False)),
+    (
+        "the derivative of (y − t)² is 2(y − t): the factor 2 is missing.",
+        _wrong_hand_step(two=False),
+    ),
     (
         "dL/dy = (y − t) holds only when the two slips cancel (m = 2): the loss is the mean of "
         "squares, so dL/dy = 2(y − t)/m.",
@@ -114,31 +140,29 @@ HAND_STEP_MISTAKES = [
 ]
 
 
-def check_hand_step(hand_step, thorough: bool = False) -> None:
-    """Compare ``hand_step`` with the reference on the running example and other layers."""
-    for case in hand_step_cases(thorough):
-        label = f"W is {len(case['W'])}×{len(case['x'])}, lr={case['lr']}"
-        explain(
-            "ch04_hand_step",
-            observe_hand_step(hand_step, case),
-            observe_hand_step(ref.hand_step.__wrapped__, case),
-            case=label,
-            known_mistakes=[
-                (msg, lambda wrong=wrong, case=case: observe_hand_step(wrong, case))
-                for msg, wrong in HAND_STEP_MISTAKES
-            ],
-            hint="work one number through by hand (FACTS: y = [-0.1, 1.8], L = 2.225) and "
-            "compare each key in turn.",
-        )
+HAND_STEP = Exercise(
+    grade_id="ch04_hand_step",
+    function="hand_step",
+    reference=ref.hand_step.__wrapped__,
+    cases=hand_step_cases,
+    observe=observe_hand_step,
+    label=lambda case: f"W is {len(case['W'])}×{len(case['x'])}, lr={case['lr']}",
+    mistakes=HAND_STEP_MISTAKES,
+    hint="work one number through by hand (y = [-0.1, 1.8], L = 2.225 in the running example) "
+    "and compare each key in turn.",
+)
+check_hand_step = HAND_STEP.check
 
 
 # ---------------------------------------------------------------- ch04_train_step
 
 
 def train_step_cases(thorough: bool = False) -> list[dict]:
-    """CPU float32 with SGD+momentum and MSE; thorough: every device, float64, Adam, cross-entropy."""
+    """CPU, float32, momentum, MSE; thorough adds every device, float64, Adam, cross-entropy."""
     if not thorough:
-        return [{"device": "cpu", "dtype": "float32", "optimizer": "momentum", "loss": "mse", "seed": 0}]
+        return [
+            {"device": "cpu", "dtype": "float32", "optimizer": "momentum", "loss": "mse", "seed": 0}
+        ]
     seed = grading_seed()
     cases = []
     for i, device in enumerate(available_devices()):
@@ -148,7 +172,13 @@ def train_step_cases(thorough: bool = False) -> list[dict]:
             if dtype == "float64" and device.type == "mps":
                 continue  # MPS has no float64.
             cases.append(
-                {"device": str(device), "dtype": dtype, "optimizer": opt, "loss": loss, "seed": seed + 10 * i + j}
+                {
+                    "device": str(device),
+                    "dtype": dtype,
+                    "optimizer": opt,
+                    "loss": loss,
+                    "seed": seed + 10 * i + j,
+                }
             )
     return cases
 
@@ -226,8 +256,8 @@ def _returns_tensor(model, optimizer, loss_fn, x, y):
 
 TRAIN_STEP_MISTAKES = [
     (
-        "`optimizer.zero_grad()` is missing: `.grad` still holds the first batch's gradient, so the "
-        "second update uses the sum of both. Clear the gradients at the start of every step.",
+        "`optimizer.zero_grad()` is missing: `.grad` still holds the first batch's gradient, so "
+        "the second update uses the sum of both. Clear the gradients at the start of every step.",
         _no_zero_grad,
     ),
     (
@@ -244,17 +274,16 @@ TRAIN_STEP_MISTAKES = [
 ]
 
 
-def check_train_step(train_step, thorough: bool = False) -> None:
-    """Compare ``train_step`` with the reference step by step; name the ordering mistake if any."""
-    for case in train_step_cases(thorough):
-        explain(
-            "ch04_train_step",
-            observe_train_step(train_step, case),
-            observe_train_step(ref.train_step.__wrapped__, case),
-            case=_label(case),
-            known_mistakes=[
-                (msg, lambda wrong=wrong, case=case: observe_train_step(wrong, case))
-                for msg, wrong in TRAIN_STEP_MISTAKES
-            ],
-            hint="the order is zero_grad → forward → loss → backward → step, then return loss.item().",
-        )
+TRAIN_STEP = Exercise(
+    grade_id="ch04_train_step",
+    function="train_step",
+    reference=ref.train_step.__wrapped__,
+    cases=train_step_cases,
+    observe=observe_train_step,
+    label=_label,
+    mistakes=TRAIN_STEP_MISTAKES,
+    hint="the order is zero_grad → forward → loss → backward → step, then return loss.item().",
+)
+check_train_step = TRAIN_STEP.check
+
+EXERCISES = [HAND_STEP, TRAIN_STEP]

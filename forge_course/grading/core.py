@@ -20,6 +20,7 @@ import os
 import random
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -223,6 +224,51 @@ def grading_seed() -> int:
 
 
 _RUN_SEED = random.SystemRandom().randrange(2**31)
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One graded exercise, in pieces a notebook check and an isolated grader can share.
+
+    Attributes:
+        grade_id: nbgrader's id of the solution cell (``ch04_train_step``).
+        function: the name the learner's answer defines (``train_step``).
+        reference: the undecorated reference (``ref.train_step.__wrapped__``).
+        cases: ``cases(thorough) -> list of plain-data cases``.
+        observe: ``observe(fn, case) -> plain data``: builds fresh inputs from the case, calls
+            ``fn`` through `call_answer`, returns what came out.
+        label: a few words describing a case, for messages.
+        mistakes: ``(message, wrong_fn)`` pairs of known wrong implementations.
+        hint: the likely mistake to suggest when none of ``mistakes`` matches.
+    """
+
+    grade_id: str
+    function: str
+    reference: Callable
+    cases: Callable[[bool], list[dict]]
+    observe: Callable[[Callable, dict], Observation]
+    label: Callable[[dict], str] = str
+    mistakes: Sequence[tuple[str, Callable]] = ()
+    hint: str = ""
+
+    def judge(self, case: dict, got: Observation) -> None:
+        """Raise a `Mistake` unless ``got``, observed on ``case``, matches the reference."""
+        explain(
+            self.grade_id,
+            got,
+            self.observe(self.reference, case),
+            case=self.label(case),
+            known_mistakes=[
+                (message, lambda wrong=wrong: self.observe(wrong, case))
+                for message, wrong in self.mistakes
+            ],
+            hint=self.hint,
+        )
+
+    def check(self, fn: Callable, thorough: bool = False) -> None:
+        """Observe ``fn`` on every case and judge it: what a notebook's test cell calls."""
+        for case in self.cases(thorough):
+            self.judge(case, self.observe(fn, case))
 
 
 def check_choice(
