@@ -18,10 +18,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# JUPYTER_CONFIG_PATH lets nbgrader's Lab extensions (Validate, Formgrader) find the course config.
+# Containers and CI often run as root, which Jupyter refuses unless told it is intended.
 lab: setup
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
-		--ServerApp.root_dir=$(CURDIR) \
-		--LabApp.default_url=/lab/tree/notebooks/index.ipynb $(LAB_ARGS)
+	JUPYTER_CONFIG_PATH=$(CURDIR)/autograder $(BIN)/jupyter lab \
+		--ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=$(CURDIR) \
+		--LabApp.default_url=/lab/tree/notebooks/index.ipynb \
+		$(if $(filter 0,$(shell id -u)),--ServerApp.allow_root=True) $(LAB_ARGS)
 
 test: setup
 	$(BIN)/ruff check .
