@@ -7,7 +7,7 @@ LAB_ARGS ?=
 # Tools that the tests start by name (nbgrader runs `alembic`, the lab test runs `jupyter`).
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup lab test release grade bench
+.PHONY: setup lab test release grade
 
 setup: $(STAMP)
 
@@ -33,3 +33,8 @@ test: setup
 
 release: setup
 	$(BIN)/forge-course release
+
+# Grades the sample class in autograder/examples/ into grading/examples/ (scores, feedback, CSV).
+grade: setup
+	FORGE_GRADING_DIR=$(CURDIR)/grading/examples $(BIN)/forge-course grade \
+		--submitted autograder/examples --force

@@ -19,7 +19,7 @@ c = get_config()  # noqa: F821  (nbgrader provides it when it loads this file)
 
 root = Path(os.environ.get("FORGE_COURSE_ROOT", Path(__file__).resolve().parent.parent))
 grading = Path(os.environ.get("FORGE_GRADING_DIR", root / "grading"))
-grading.mkdir(parents=True, exist_ok=True)
+(grading / "exchange").mkdir(parents=True, exist_ok=True)
 
 c.CourseDirectory.course_id = "forge-course"
 c.CourseDirectory.root = str(root)

@@ -10,6 +10,8 @@ commands:
   check NOTEBOOK          run a notebook and report its tests (learners)
   doctor FILE.py:FUNC     run a training function under the loop doctor
   release                 rebuild build/source and notebooks/ from solutions/ (instructors)
+  grade [ASSIGNMENT ...]  grade grading/submitted/ in parallel, isolated (graders);
+                          options: --submitted DIR, --jobs N, --timeout S, --memory MB, --force
 """
 
 
@@ -33,8 +35,43 @@ def main(argv: list[str] | None = None) -> int:
         chapters = release()
         print(f"Released {len(chapters)} chapter(s) into notebooks/: {', '.join(chapters)}")
         return 0
+    if command == "grade":
+        return _grade(rest)
     print(f"Unknown command {command!r}.\n\n{USAGE}", file=sys.stderr)
     return 2
+
+
+def _grade(argv: list[str]) -> int:
+    import argparse
+    from collections import Counter
+    from pathlib import Path
+
+    from forge_course.grader import run, sandbox
+
+    parser = argparse.ArgumentParser(prog="forge-course grade")
+    parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
+    parser.add_argument("--submitted", type=Path, help="folder of <student>/<assignment>/")
+    parser.add_argument("--jobs", type=int, help="submissions graded at once (default: cores)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per exercise")
+    parser.add_argument("--memory", type=int, default=4096, help="MB of address space per worker")
+    parser.add_argument("--force", action="store_true", help="regrade what the ledger holds")
+    args = parser.parse_args(argv)
+    limits = sandbox.Limits(seconds=args.timeout, memory_mb=args.memory)
+    print(f"Isolation: {sandbox.isolation()}", flush=True)
+    outcomes = run.grade(
+        args.assignments or None,
+        submitted=args.submitted,
+        jobs=args.jobs,
+        limits=limits,
+        force=args.force,
+    )
+    statuses = Counter(r["status"] for results in outcomes.values() for r in results.values())
+    print(
+        f"Graded {len(outcomes)} submission(s): "
+        + ", ".join(f"{n} {s}" for s, n in statuses.most_common())
+    )
+    print(f"Scores: {run.grading_dir() / 'grades.csv'}; feedback: {run.grading_dir() / 'feedback'}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,161 @@
+"""Grade one submission: every test cell ends with a status, points and a message.
+
+Statuses: ``graded`` (full points), ``wrong``, ``timeout``, ``resource limit``, ``crashed``,
+``tampered``, ``malformed`` and ``missing``. Only ``graded`` earns points, and every other status
+says why, so no zero is silent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import nbformat
+
+from forge_course.grader import codec, sandbox, tamper
+from forge_course.grader.assignment import Assignment
+from forge_course.grading import check_choice, check_number
+from forge_course.grading.core import Mistake
+
+
+@dataclass(frozen=True)
+class CellResult:
+    status: str
+    points: float
+    max_points: float
+    message: str = ""
+
+
+def fingerprint(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _answers(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """Solution cells of the submission by grade id (the last one wins if duplicated)."""
+    found = {}
+    for cell in nb.cells:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if cell.get("cell_type") == "code" and grade_id:
+            found[grade_id] = cell.get("source", "")
+    return found
+
+
+def _all_of(assignment: Assignment, cells: list[str], status: str, message: str) -> dict:
+    return {c: CellResult(status, 0.0, assignment.test_points[c], message) for c in cells}
+
+
+def grade_notebook(
+    assignment: Assignment, path: Path | None, limits: sandbox.Limits, hidden: list[Path]
+) -> dict[str, CellResult]:
+    """Results for every graded cell of ``assignment`` from the notebook at ``path``."""
+    tests = list(assignment.test_points)
+    if path is None:
+        return _all_of(assignment, tests, "missing", "No notebook for this assignment was found.")
+    try:
+        nb = nbformat.read(path, as_version=4)
+        answers = _answers(nb)
+    except Exception as err:  # noqa: BLE001  (any unreadable file is malformed, nothing else)
+        return _all_of(assignment, tests, "malformed", f"The notebook cannot be read: {err}")
+    results: dict[str, CellResult] = {}
+    for solution_id, exercise in assignment.exercises.items():
+        test = assignment.test_for(solution_id)
+        results[test] = _grade_exercise(
+            assignment, exercise, answers.get(solution_id), test, limits, hidden
+        )
+    for cell_id, names in assignment.question_cells.items():
+        tests_here = [t for t in assignment.question_tests if t not in results]
+        results.update(
+            _grade_questions(assignment, answers.get(cell_id), names, tests_here, limits, hidden)
+        )
+    return {t: results.get(t, CellResult("missing", 0.0, assignment.test_points[t])) for t in tests}
+
+
+def _grade_exercise(assignment, exercise, answer, test, limits, hidden) -> CellResult:
+    top = assignment.test_points[test]
+    if answer is None:
+        return CellResult("missing", 0.0, top, f"The answer cell {exercise.grade_id} is missing.")
+    reasons = tamper.findings(answer)
+    if reasons:
+        return CellResult("tampered", 0.0, top, "Not graded: your answer " + "; ".join(reasons))
+    cases = exercise.cases(False) + exercise.cases(True)
+    job = {
+        "prelude": assignment.prelude,
+        "answer": answer,
+        "exercise": {"module": assignment.module, "grade_id": exercise.grade_id},
+        "cases": cases,
+    }
+    outcome = sandbox.run(job, limits, hidden)
+    ran = next((m for m in outcome.messages if "ran" in m or "error" in m), {})
+    if outcome.status != "finished":
+        # Whatever it sent before it was stopped proves nothing: it could have been forged.
+        return CellResult(outcome.status, 0.0, top, _limit_message(outcome, ran))
+    # The worker writes each case's result after the learner's call returns, so the last
+    # message for a case is the worker's own, even if learner code wrote lines before it.
+    by_case = {m["case"]: m for m in outcome.messages if "case" in m}
+    for i, case in enumerate(cases):
+        message = by_case.get(i)
+        if message is None:
+            return CellResult("crashed", 0.0, top, "The worker sent no result for a case.")
+        if "mistake" in message:
+            if "MemoryError" in message["mistake"]:
+                return CellResult("resource limit", 0.0, top, "Your code ran out of memory.")
+            return CellResult("wrong", 0.0, top, _with_cell_error(message["mistake"], ran))
+        try:
+            exercise.judge(case, codec.from_plain(message["observation"]))
+        except Mistake as mistake:
+            return CellResult("wrong", 0.0, top, str(mistake))
+    return CellResult("graded", top, top, "")
+
+
+def _with_cell_error(text: str, ran: dict) -> str:
+    if "error" in ran:
+        return f"{text}\n(Your answer cell itself raised {ran['error']}.)"
+    return text
+
+
+def _limit_message(outcome: sandbox.Outcome, ran: dict) -> str:
+    what = {
+        "timeout": "Your code did not finish within the time limit",
+        "resource limit": "Your code went over the memory or process limit",
+        "crashed": "Your code ended the worker process",
+    }[outcome.status]
+    return f"{what} ({outcome.detail})."
+
+
+def _grade_questions(assignment, answer, names, tests, limits, hidden) -> dict[str, CellResult]:
+    def every(status, message):
+        return {t: CellResult(status, 0.0, assignment.test_points[t], message) for t in tests}
+
+    if answer is None:
+        return every("missing", "The answer cell of the questions is missing.")
+    reasons = tamper.findings(answer)
+    if reasons:
+        return every("tampered", "Not graded: your answer " + "; ".join(reasons))
+    job = {"prelude": "", "answer": answer, "variables": names}
+    outcome = sandbox.run(job, limits, hidden)
+    sent = next((m["variables"] for m in outcome.messages if "variables" in m), None)
+    if outcome.status != "finished":
+        return every(outcome.status, _limit_message(outcome, {}))
+    if sent is None:
+        return every("crashed", "The worker sent no answers back.")
+    values = {n: codec.from_plain(v) for n, v in sent.items()}
+    results = {}
+    for test in tests:
+        # The instructor's test code runs here, on plain values only: it never sees learner code.
+        scope = {"check_number": check_number, "check_choice": check_choice, **values}
+        try:
+            exec(compile(assignment.question_tests[test], f"<{test}>", "exec"), scope)
+        except Mistake as mistake:
+            results[test] = CellResult("wrong", 0.0, assignment.test_points[test], str(mistake))
+        except Exception as err:  # noqa: BLE001
+            message = f"[{test}] {type(err).__name__}: {err}"
+            results[test] = CellResult("wrong", 0.0, assignment.test_points[test], message)
+        else:
+            top = assignment.test_points[test]
+            results[test] = CellResult("graded", top, top, "")
+    return results
+
+
+def as_dict(results: dict[str, CellResult]) -> dict[str, dict]:
+    return {cell: asdict(result) for cell, result in results.items()}
