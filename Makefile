@@ -7,7 +7,7 @@ LAB_ARGS ?=
 # Tools that the tests start by name (nbgrader runs `alembic`, the lab test runs `jupyter`).
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup lab test release grade
+.PHONY: setup lab test release grade bench
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ test: setup
 
 release: setup
 	$(BIN)/forge-course release
+
+# Measures chapters, simulations, grading and set-up into benchmarks/RESULTS.md (BENCH_ARGS=--quick).
+bench: setup
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 # Grades the sample class in autograder/examples/ into grading/examples/ (scores, feedback, CSV).
 grade: setup

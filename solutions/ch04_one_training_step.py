@@ -399,8 +399,8 @@ def timed(fn, sync):
 
 sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 torch.manual_seed(SEED)
-layers = [torch.nn.Linear(512, 512), torch.nn.ReLU()] * 3 + [torch.nn.Linear(512, 10)]
-mlp = torch.nn.Sequential(*layers).to(device)
+layers = [module for _ in range(3) for module in (torch.nn.Linear(512, 512), torch.nn.ReLU())]
+mlp = torch.nn.Sequential(*layers, torch.nn.Linear(512, 10)).to(device)
 opt = torch.optim.SGD(mlp.parameters(), lr=0.01, momentum=0.9)
 batch = torch.randn(256, 512, device=device)
 labels = torch.randint(0, 10, (256,), device=device)

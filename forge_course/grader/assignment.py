@@ -50,7 +50,12 @@ def load(assignment_id: str, source: Path, release: Path | None = None) -> Assig
     """Read ``source`` (the instructor's notebook) and the chapter's ``EXERCISES``."""
     nb = nbformat.read(source, as_version=4)
     module = importlib.import_module(f"forge_course.grading.{assignment_id[:4]}")
-    exercises = {e.grade_id: e for e in getattr(module, "EXERCISES", [])}
+    if not hasattr(module, "EXERCISES"):
+        raise NotImplementedError(
+            f"{assignment_id}'s checks do not list their EXERCISES yet, so forge-course grade "
+            "cannot grade it in isolation; use nbgrader autograde for this chapter."
+        )
+    exercises = {e.grade_id: e for e in module.EXERCISES}
     code = [c for c in nb.cells if c.cell_type == "code"]
     prelude = next((c.source for c in code if "nbgrader" not in c.metadata), "")
     points, question_tests, question_cells = {}, {}, {}
