@@ -190,7 +190,12 @@ def explain(
         return
     where = f" (case: {case})" if case else ""
     key = _first_differing_key(got, want)
-    wrongs = [(message, observe_wrong()) for message, observe_wrong in known_mistakes]
+    wrongs = []
+    for message, observe_wrong in known_mistakes:
+        try:
+            wrongs.append((message, observe_wrong()))
+        except Exception:  # noqa: BLE001  (a wrong implementation that fails explains nothing)
+            continue
     # A known mistake matches when it reproduces the whole observation; failing that, when it
     # goes wrong in the same place and the same way (the rest may differ for other reasons).
     for message, wrong in wrongs:

@@ -57,7 +57,10 @@ def learner_code() -> Iterator[None]:
 def reference(fn: F) -> F:
     """Mark `fn` (a function or a class) as a reference answer that learner code may not call."""
     target = fn.__init__ if isinstance(fn, type) else fn
-    _ORIGINALS.add(fn if isinstance(fn, type) else target)
+    if not isinstance(fn, type):
+        # A class stays the same object once decorated, so it cannot be told apart from an
+        # answer that imports it: only functions get an unguarded original.
+        _ORIGINALS.add(target)
 
     @functools.wraps(target)
     def guarded(*args, **kwargs):
