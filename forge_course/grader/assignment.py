@@ -22,7 +22,7 @@ from forge_course.grading.core import Exercise
 class Assignment:
     id: str
     prelude: str
-    exercises: dict[str, Exercise]  # solution cell id -> exercise
+    exercises: dict[str, list[tuple[int, Exercise]]]  # solution cell id -> (index, record)
     test_points: dict[str, float]  # graded cell id -> points
     question_tests: dict[str, str] = field(default_factory=dict)  # graded cell id -> its code
     question_cells: dict[str, list[str]] = field(default_factory=dict)  # cell id -> names
@@ -55,7 +55,9 @@ def load(assignment_id: str, source: Path, release: Path | None = None) -> Assig
             f"{assignment_id}'s checks do not list their EXERCISES yet, so forge-course grade "
             "cannot grade it in isolation; use nbgrader autograde for this chapter."
         )
-    exercises = {e.grade_id: e for e in module.EXERCISES}
+    exercises: dict[str, list[tuple[int, Exercise]]] = {}
+    for index, exercise in enumerate(module.EXERCISES):
+        exercises.setdefault(exercise.grade_id, []).append((index, exercise))
     code = [c for c in nb.cells if c.cell_type == "code"]
     prelude = next((c.source for c in code if "nbgrader" not in c.metadata), "")
     points, question_tests, question_cells = {}, {}, {}

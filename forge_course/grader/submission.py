@@ -58,11 +58,14 @@ def grade_notebook(
     except Exception as err:  # noqa: BLE001  (any unreadable file is malformed, nothing else)
         return _all_of(assignment, tests, "malformed", f"The notebook cannot be read: {err}")
     results: dict[str, CellResult] = {}
-    for solution_id, exercise in assignment.exercises.items():
+    for solution_id, records in assignment.exercises.items():
         test = assignment.test_for(solution_id)
-        results[test] = _grade_exercise(
-            assignment, exercise, answers.get(solution_id), test, limits, hidden
-        )
+        for index, exercise in records:  # every record must pass: the reference, then oracles
+            results[test] = _grade_exercise(
+                assignment, index, exercise, answers.get(solution_id), test, limits, hidden
+            )
+            if results[test].status != "graded":
+                break
     for cell_id, names in assignment.question_cells.items():
         tests_here = [t for t in assignment.question_tests if t not in results]
         results.update(
@@ -71,7 +74,7 @@ def grade_notebook(
     return {t: results.get(t, CellResult("missing", 0.0, assignment.test_points[t])) for t in tests}
 
 
-def _grade_exercise(assignment, exercise, answer, test, limits, hidden) -> CellResult:
+def _grade_exercise(assignment, index, exercise, answer, test, limits, hidden) -> CellResult:
     top = assignment.test_points[test]
     if answer is None:
         return CellResult("missing", 0.0, top, f"The answer cell {exercise.grade_id} is missing.")
@@ -82,7 +85,7 @@ def _grade_exercise(assignment, exercise, answer, test, limits, hidden) -> CellR
     job = {
         "prelude": assignment.prelude,
         "answer": answer,
-        "exercise": {"module": assignment.module, "grade_id": exercise.grade_id},
+        "exercise": {"module": assignment.module, "index": index},
         "cases": cases,
     }
     outcome = sandbox.run(job, limits, hidden)

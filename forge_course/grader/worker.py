@@ -5,7 +5,7 @@ and processes, the grading files out of reach). It reads one job as JSON on stdi
 
     {"prelude": "<the chapter's set-up cell, from the instructor's copy>",
      "answer": "<the learner's answer cell>",
-     "exercise": {"module": "forge_course.grading.ch04", "grade_id": "ch04_train_step"},
+     "exercise": {"module": "forge_course.grading.ch04", "index": 1},
      "cases": [<plain-data cases chosen by the grader>],
      "variables": ["grad_multiple", ...]}
 
@@ -53,7 +53,7 @@ def main() -> int:
     spec = job.get("exercise")
     if spec:
         module = importlib.import_module(spec["module"])
-        exercise = next(e for e in module.EXERCISES if e.grade_id == spec["grade_id"])
+        exercise = module.EXERCISES[spec["index"]]
         fn = namespace.get(exercise.function)
         for i, case in enumerate(job["cases"]):
             try:
@@ -62,7 +62,7 @@ def main() -> int:
                 send({"case": i, "mistake": str(mistake)})
                 break  # one failed case decides the exercise; the rest would only cost time
             except BaseException as err:  # noqa: BLE001
-                send({"case": i, "mistake": f"[{spec['grade_id']}] {type(err).__name__}: {err}"})
+                send({"case": i, "mistake": f"[{exercise.grade_id}] {type(err).__name__}: {err}"})
                 break
     names = job.get("variables", [])
     if names:

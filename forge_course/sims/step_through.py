@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
+from IPython.display import display
 
 from forge_course.reference.step import evaluate_linear, hand_step
 from forge_course.sims.display import PALETTE, show
@@ -115,7 +116,8 @@ def step_through_view(W, b, x, t, lr: float = 0.01) -> None:
         with out:
             out.clear_output(wait=True)
             fig = draw_stage(stages, stage_slider.value)
-            plt.show(fig)
+            display(fig)
+            plt.close(fig)
 
     stage_slider.observe(redraw, "value")
     lr_slider.observe(redraw, "value")
