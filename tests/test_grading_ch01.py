@@ -1,0 +1,253 @@
+"""Chapter 01's checks: correct answers in any style pass; each typical mistake is named."""
+
+import pytest
+import torch
+
+from forge_course.grading import Mistake, ch01
+from forge_course.reference import autograd_tape as ref
+from tests.answers import ch01 as answers
+
+
+def defined(source: str, name: str):
+    """What an answer cell defines under ``name``, as the notebook's kernel would see it."""
+    namespace = {"torch": torch}
+    exec(source, namespace)
+    return namespace[name]
+
+
+def unanswered(*args, **kwargs):
+    raise NotImplementedError()
+
+
+# ---------------------------------------------------------------- ch01_graph_walk
+
+
+@pytest.mark.parametrize("answer", [
+    ref.graph_nodes.__wrapped__,
+    defined(answers.GRAPH_WALK_LIST_AS_QUEUE, "graph_nodes"),
+    lambda t: tuple(ref.graph_nodes.__wrapped__(t)),  # a tuple is accepted for a list
+])  # fmt: skip
+def test_graph_walk_accepts_correct_answers_in_any_style(answer):
+    ch01.check_graph_walk(answer, thorough=True)
+
+
+@pytest.mark.parametrize("message,wrong", ch01.GRAPH_WALK_MISTAKES, ids=range(7))
+def test_graph_walk_names_each_known_mistake(message, wrong):
+    with pytest.raises(Mistake) as caught:
+        ch01.check_graph_walk(wrong)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("source,phrase", [
+    (answers.GRAPH_WALK_NO_SEEN_SET, "is listed twice"),
+    (answers.GRAPH_WALK_RECURSIVE, "the order is depth-first"),
+    (answers.GRAPH_WALK_NO_NONE_CHECK, "Skip `None` wherever it appears"),
+])  # fmt: skip
+def test_graph_walk_wrong_answers_get_their_message(source, phrase):
+    with pytest.raises(Mistake, match="ch01_graph_walk") as caught:
+        ch01.check_graph_walk(defined(source, "graph_nodes"))
+    assert phrase in str(caught.value)
+
+
+def test_graph_walk_explains_walking_the_tensor_and_returning_nodes():
+    def from_tensor(tensor):
+        return [type(n).__name__ for n, _ in tensor.next_functions]
+
+    with pytest.raises(Mistake, match="the tensor itself is not a node"):
+        ch01.check_graph_walk(from_tensor)
+
+    def nodes_not_names(tensor):
+        return [] if tensor.grad_fn is None else [tensor.grad_fn]
+
+    with pytest.raises(Mistake, match=r"type\(node\).__name__"):
+        ch01.check_graph_walk(nodes_not_names)
+
+
+# ---------------------------------------------------------------- ch01_logsumexp
+
+
+class ExpMinusLse(torch.autograd.Function):
+    """The softmax as exp(x − lse): stable, but it inherits lse's rounding (6e-5 near 1000)."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        m = x.amax(dim, keepdim=True)
+        out = (m + (x - m).exp().sum(dim, keepdim=True).log()).squeeze(dim)
+        ctx.save_for_backward(x, out)
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, out = ctx.saved_tensors
+        return (x - out.unsqueeze(ctx.dim)).exp() * grad_output.unsqueeze(ctx.dim), None
+
+
+@pytest.mark.parametrize("answer", [
+    ch01._ReferenceLogSumExp,
+    defined(answers.LOGSUMEXP_SOFTMAX_AND_MAX, "LogSumExp"),
+    ExpMinusLse,
+])  # fmt: skip
+def test_logsumexp_accepts_correct_answers_in_any_style(answer):
+    ch01.check_logsumexp(answer, thorough=True)
+
+
+@pytest.mark.parametrize("message,wrong", ch01.LOGSUMEXP_MISTAKES, ids=range(6))
+def test_logsumexp_names_each_known_mistake(message, wrong):
+    # The hidden cases are needed for some (rows far apart, a square batch).
+    with pytest.raises(Mistake) as caught:
+        ch01.check_logsumexp(wrong, thorough=True)
+    assert message in str(caught.value) or "unsqueeze(dim)" in str(caught.value)
+
+
+@pytest.mark.parametrize("source,phrase", [
+    (answers.LOGSUMEXP_NAIVE, "Subtract the maximum m before `exp`"),
+    (answers.LOGSUMEXP_IGNORES_UPSTREAM, "`backward` ignores `grad_output`"),
+    (answers.LOGSUMEXP_NO_UNSQUEEZE, "grad_output.unsqueeze(dim)"),
+])  # fmt: skip
+def test_logsumexp_wrong_answers_fail_the_visible_tests_with_their_message(source, phrase):
+    with pytest.raises(Mistake) as caught:
+        ch01.check_logsumexp(defined(source, "LogSumExp"))
+    assert phrase in str(caught.value)
+
+
+def test_logsumexp_square_batch_catches_the_missing_unsqueeze_silently_broadcasting():
+    wrong = defined(answers.LOGSUMEXP_NO_UNSQUEEZE, "LogSumExp")
+    case = {
+        "shape": [4, 4],
+        "dim": -1,
+        "offset": [0.0],
+        "dtype": "float64",
+        "device": "cpu",
+        "seed": 3,
+    }
+    got = ch01.observe_logsumexp(wrong, case)  # no error: (4, 4) * (4,) broadcasts
+    with pytest.raises(Mistake, match="broadcasts it along the wrong axis"):
+        ch01.explain(
+            "ch01_logsumexp",
+            got,
+            ch01.observe_logsumexp(ch01._ReferenceLogSumExp, case),
+            known_mistakes=[
+                (m, lambda w=w: ch01.observe_logsumexp(w, case)) for m, w in ch01.LOGSUMEXP_MISTAKES
+            ],
+        )
+
+
+def test_logsumexp_explains_the_usual_crashes():
+    def forward(ctx, x, dim):
+        ctx.dim = dim
+        ctx.save_for_backward(x)
+        return torch.logsumexp(x, dim, keepdim=True)
+
+    def backward(ctx, grad_output):
+        return torch.softmax(ctx.saved_tensors[0], ctx.dim) * grad_output
+
+    keeps_dim = ch01._lse_function(forward, lambda ctx, g: (backward(ctx, g), None))
+    with pytest.raises(Mistake, match="removes the summed dimension"):
+        ch01.check_logsumexp(keeps_dim)
+    no_none = ch01._lse_function(
+        ch01._forward_stable, lambda ctx, g: ch01._backward_softmax(ctx, g)[0]
+    )
+    with pytest.raises(Mistake, match=r"return grad_x, None"):
+        ch01.check_logsumexp(no_none)
+    with pytest.raises(Mistake, match="derived from torch.autograd.Function"):
+        ch01.check_logsumexp(lambda x, dim: torch.logsumexp(x, dim))
+
+
+def test_logsumexp_thorough_runs_gradcheck_in_float64_only():
+    cases = ch01.logsumexp_cases(thorough=True)
+    seen = [ch01.observe_logsumexp(ch01._ReferenceLogSumExp, c) for c in cases]
+    for case, obs in zip(cases, seen):
+        has_gradcheck = case["dtype"] == "float64" and "shape" in case
+        assert ("passes gradcheck" in obs) == has_gradcheck
+        if has_gradcheck:
+            assert obs["passes gradcheck"] is True
+        assert torch.isfinite(obs["value"]).all() and torch.isfinite(obs["gradient"]).all()
+
+
+# ---------------------------------------------------------------- ch01_straight_through
+
+
+@pytest.mark.parametrize("answer", [
+    ch01._ReferenceRoundSTE.apply,
+    defined(answers.STE_DETACH_TRICK, "round_ste"),
+    lambda x: torch.round(x).detach() + x - x.detach(),
+])  # fmt: skip
+def test_straight_through_accepts_correct_answers_in_any_style(answer):
+    ch01.check_straight_through(answer, thorough=True)
+
+
+@pytest.mark.parametrize("message,wrong", ch01.STRAIGHT_THROUGH_MISTAKES, ids=range(6))
+def test_straight_through_names_each_known_mistake(message, wrong):
+    with pytest.raises(Mistake) as caught:
+        ch01.check_straight_through(wrong)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("source,phrase", [
+    (answers.STE_PLAIN_ROUND, "the gradient is all zeros"),
+    (answers.STE_DETACHED, "cut off from the graph"),
+    (answers.STE_ONES, "returns ones instead of `grad_output`"),
+])  # fmt: skip
+def test_straight_through_wrong_answers_get_their_message(source, phrase):
+    with pytest.raises(Mistake) as caught:
+        ch01.check_straight_through(defined(source, "round_ste"))
+    assert phrase in str(caught.value)
+
+
+def test_straight_through_must_keep_the_callers_graph():
+    # Restarting the graph at x (a new leaf) rounds correctly, but no gradient reaches x.
+    def restarts(x):
+        fresh = x.detach().requires_grad_()
+        return fresh + (torch.round(fresh) - fresh).detach()
+
+    with pytest.raises(Mistake, match="gradient should be a tensor .*, but it is None"):
+        ch01.check_straight_through(restarts)
+
+
+# ---------------------------------------------------------------- all exercises
+
+
+def test_unanswered_exercises_say_so():
+    for check in (ch01.check_graph_walk, ch01.check_straight_through):
+        with pytest.raises(Mistake, match="not written yet"):
+            check(unanswered)
+    blank = ch01._lse_function(unanswered, unanswered)
+    with pytest.raises(Mistake, match="not written yet"):
+        ch01.check_logsumexp(blank)
+
+
+def test_calling_the_reference_does_not_score():
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch01.check_graph_walk(ref.graph_nodes)
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch01.check_logsumexp(ref.LogSumExp)
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch01.check_straight_through(lambda x: ref.round_ste(x))
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch01.check_graph_walk(lambda t: [type(n).__name__ for n in ref.recorded_graph(t).nodes])
+
+
+def test_observations_are_plain_data():
+    plain = (str, bool, int, float, list, torch.Tensor, type(None))
+    case = ch01.graph_walk_cases()[0]
+    assert all(
+        isinstance(v, str) for v in ch01.observe_graph_walk(ref.graph_nodes.__wrapped__, case)
+    )
+    for obs in (
+        ch01.observe_logsumexp(ch01._ReferenceLogSumExp, ch01.logsumexp_cases()[1]),
+        ch01.observe_straight_through(
+            ch01._ReferenceRoundSTE.apply, ch01.straight_through_cases()[0]
+        ),
+    ):
+        assert all(isinstance(v, plain) for v in obs.values())
+        assert all(v.grad_fn is None for v in obs.values() if isinstance(v, torch.Tensor))
+
+
+def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
+    for cases in (ch01.graph_walk_cases, ch01.logsumexp_cases, ch01.straight_through_cases):
+        monkeypatch.setenv("FORGE_GRADING_SEED", "1")
+        first = cases(thorough=True)
+        monkeypatch.setenv("FORGE_GRADING_SEED", "2")
+        assert cases(thorough=True) != first
+        assert cases(thorough=False) == cases(thorough=False)
