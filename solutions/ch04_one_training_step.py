@@ -269,8 +269,14 @@ for order, colour in orders.items():
     style = "--" if order == "zero_grad last" else "-"
     ax_loss.plot(losses, style, color=colour, label=order)
     ax_norm.plot(norms, style, color=colour, label=order)
+first = results["no zero_grad"][1][0]
+steps = range(1, DEMO_STEPS + 1)
+ax_norm.plot(range(DEMO_STEPS), [k * first for k in steps], ":", color=PALETTE["black"],
+             label="k × the first gradient (a linear sum)")  # fmt: skip
 ax_loss.set(xlabel="step", ylabel="training loss (MSE)", yscale="log", title="Loss per step")
-ax_norm.set(xlabel="step", ylabel="norm of .grad after backward", title="Gradient in .grad")
+ax_norm.set(xlabel="step", ylabel="norm of .grad after backward", yscale="log",
+            title="Gradient in .grad")  # fmt: skip
+ax_norm.legend(fontsize=8)
 ax_loss.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
@@ -279,15 +285,17 @@ for order in orders:
 
 # %% [markdown]
 # *Alt text: two line charts over 40 steps. Left: the correct loop's loss falls steadily and
-# "zero_grad last" lies exactly on top of it; "step before backward" stays flat at the starting
-# loss; "no zero_grad" swings and ends far above the correct loop. Right: the norm of `.grad`
-# under "no zero_grad" climbs step after step, while the others stay small.*
+# "zero_grad last" lies exactly on top of it; "step before backward" hovers at the starting
+# loss; "no zero_grad" swings and ends far above the correct loop. Right, on a log scale: the
+# norm of `.grad` under "no zero_grad" first follows the dotted line of a plain running sum,
+# then climbs past it once the weights themselves go astray; the others stay small.*
 #
 # Check the printed losses: "correct" and "zero_grad last" agree to the last digit. Read the
 # right-hand plot with care: without `zero_grad`, `.grad` is the **sum** of every gradient so
 # far. While those gradients point roughly the same way the sum grows about linearly with the
-# number of steps; that is not an exponential, but with momentum it is enough to throw the
-# loss around, and no error is ever raised.
+# number of steps (the dotted line); that alone is not an exponential. The explosion comes
+# after, when the oversized steps push the weights where the gradients themselves are huge.
+# No error is raised at any point.
 
 # ## `nn.CrossEntropyLoss` wants logits
 #

@@ -98,8 +98,11 @@ def draw_stage(stages: list[Stage], index: int, ax=None):
             colour, text = "#eeeeee", "?"
         ax.add_patch(plt.Rectangle((i + 0.05, 0.1), 0.9, 0.7, color=colour, ec=PALETTE["black"]))
         ax.text(i + 0.5, 0.88, name, ha="center", va="bottom", fontsize=9, fontweight="bold")
-        ax.text(i + 0.5, 0.45, text.replace("], [", "],\n["), ha="center", va="center", fontsize=7)
-    ax.set_title(f"Stage {index + 1}/{len(stages)}, {stage.name}: {stage.caption}", fontsize=10)
+        small = 6 if name.startswith(("W", "dL_dW")) else 7
+        ax.text(
+            i + 0.5, 0.45, text.replace("], [", "],\n["), ha="center", va="center", fontsize=small
+        )
+    ax.set_title(f"Stage {index + 1}/{len(stages)}. {stage.caption}", fontsize=10)
     return fig
 
 
