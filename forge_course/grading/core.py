@@ -67,6 +67,8 @@ def call_answer(grade_id: str, name: str, fn: Callable, *args, case: str = "", *
 
 def _show(value: Any) -> str:
     if isinstance(value, torch.Tensor):
+        if value.numel() > 12:
+            return f"a tensor of shape {list(value.shape)} ({value.dtype})"
         shown = torch.round(value.detach().double().cpu(), decimals=5).tolist()
         dtype = str(value.dtype).replace("torch.", "")
         return f"tensor {shown} ({dtype}, shape {list(value.shape)})"
@@ -97,8 +99,8 @@ def first_difference(got: Observation, want: Observation, path: str = "the resul
     everything else must be equal. Types are compared exactly, except that an int is accepted
     where a float is expected (``3`` for ``3.0``) and a tuple where a list is.
     """
-    if isinstance(want, float) and isinstance(got, int) and not isinstance(got, bool):
-        got = float(got)
+    if isinstance(want, float) and isinstance(got, int | float) and not isinstance(got, bool):
+        got = float(got)  # ints and NumPy floats stand for floats
     if isinstance(want, list) and isinstance(got, tuple):
         got = list(got)
     if type(got) is not type(want) and not (
