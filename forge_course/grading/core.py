@@ -42,6 +42,7 @@ class Mistake(AssertionError):
 
 def call_answer(grade_id: str, name: str, fn: Callable, *args, case: str = "", **kwargs) -> Any:
     """Call the learner's ``fn`` and turn the ways it can fail into a `Mistake` that says why."""
+    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
     if not callable(fn):
         raise Mistake(grade_id, f"`{name}` should be a function, but it is {type(fn).__name__}.")
     where = f" ({case})" if case else ""
@@ -50,11 +51,11 @@ def call_answer(grade_id: str, name: str, fn: Callable, *args, case: str = "", *
     try:
         with guard:
             return fn(*args, **kwargs)
-    except NotImplementedError as err:
+    except NotImplementedError:
         raise Mistake(
             grade_id,
             f"`{name}` is not written yet: replace `raise NotImplementedError()` with your code.",
-        ) from err
+        ) from None
     except ReferenceCalled as err:
         raise Mistake(grade_id, str(err)) from err
     except Mistake:
@@ -187,6 +188,7 @@ def explain(
             gives the likely mistake. They only run when the answer is wrong.
         hint: the likely mistake to suggest when no known mistake matches.
     """
+    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
     diff = first_difference(got, want)
     if diff is None:
         return
@@ -260,6 +262,7 @@ class Exercise:
 
     def judge(self, case: dict, got: Observation) -> None:
         """Raise a `Mistake` unless ``got``, observed on ``case``, matches the reference."""
+        __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
         explain(
             self.grade_id,
             got,
@@ -274,6 +277,7 @@ class Exercise:
 
     def check(self, fn: Callable, thorough: bool = False) -> None:
         """Observe ``fn`` on every case and judge it: what a notebook's test cell calls."""
+        __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
         for case in self.cases(thorough):
             self.judge(case, self.observe(fn, case))
 
@@ -289,6 +293,7 @@ def check_choice(
 
     Visible tests call it without ``correct`` so learners learn the format, not the answer.
     """
+    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
     if answer is None or answer is ...:
         raise Mistake(grade_id, f"No answer yet: set it to one of {list(choices)}.")
     if not isinstance(answer, str) or answer.strip().lower() not in choices:
@@ -310,6 +315,7 @@ def check_number(
 
     ``hints`` maps the values that common slips produce to what the slip was.
     """
+    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
     if answer is None or answer is ...:
         raise Mistake(grade_id, "No answer yet: set it to a number.")
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):

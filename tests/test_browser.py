@@ -1,0 +1,96 @@
+"""Every chapter in real JupyterLab, in Debian's Chromium driven by Playwright.
+
+For each released chapter: Run All; then the chapter's widgets must render as widgets (not as
+``VBox(...)`` text), its figures must appear, moving a slider must change the simulation's
+picture, and the only errors allowed are the unanswered exercises' own messages. A screenshot
+of each chapter lands in ``test-artifacts/browser/``. Without Chromium the test skips, unless
+``FORGE_REQUIRE_BROWSER=1`` (set by CI) makes a missing browser a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.conftest import CHAPTERS, REPO
+from tests.lab_server import TOKEN, lab
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = REPO / "test-artifacts" / "browser"
+# What an unanswered exercise is allowed to print: our checks' own messages.
+EXPECTED_ERRORS = ("NotImplementedError", "not written yet", "No answer yet")
+
+if CHROMIUM is None:
+    if os.environ.get("FORGE_REQUIRE_BROWSER"):
+        raise RuntimeError("FORGE_REQUIRE_BROWSER is set but Chromium is not installed")
+    pytest.skip("Chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser_page(tmp_path_factory):
+    from playwright.sync_api import sync_playwright
+
+    state = tmp_path_factory.mktemp("lab")
+    with lab(REPO, state) as base, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"],
+        )  # fmt: skip
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            yield base, page
+        finally:
+            browser.close()
+
+
+ALL_RAN = """() => {
+  const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
+  return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
+}"""
+
+
+def _open_and_run_all(page, base: str, path: str) -> None:
+    page.goto(f"{base}/lab/tree/{path}?token={TOKEN}&reset")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    page.locator(".lm-MenuBar-item", has_text="Run").first.click(timeout=10_000)
+    page.click("li.lm-Menu-item[data-command='runmenu:run-all']", timeout=10_000)
+    page.wait_for_function(ALL_RAN, timeout=240_000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_runs_in_jupyterlab_with_live_widgets(browser_page, chapter):
+    base, page = browser_page
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        _open_and_run_all(page, base, f"notebooks/{chapter}/{chapter}.ipynb")
+        assert page.locator(".jupyter-widgets").count() > 0, "no widget rendered"
+        outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
+        as_text = [t for t in outputs if t.startswith(("VBox(", "HBox(", "IntSlider("))]
+        assert not as_text, f"widgets shown as text: {as_text[:2]}"
+        assert page.locator(".jp-OutputArea-output img").count() > 0, "no figure appeared"
+        errors = page.locator("[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
+        unexpected = [
+            e for e in errors if "Error" in e and not any(x in e for x in EXPECTED_ERRORS)
+        ]
+        assert not unexpected, f"unexpected errors: {unexpected[:1]}"
+
+        widget_images = page.locator(".jupyter-widgets img")
+        handles = page.locator(".jupyter-widgets .noUi-handle, .jupyter-widgets .widget-slider")
+        if widget_images.count() and handles.count():
+            before = widget_images.first.get_attribute("src")
+            page.locator(".jupyter-widgets .noUi-handle").first.focus()
+            for _ in range(3):
+                page.keyboard.press("ArrowRight")
+            page.wait_for_function(
+                "before => { const i = document.querySelector('.jupyter-widgets img');"
+                " return i && i.src !== before; }",
+                arg=before, timeout=30_000,
+            )  # fmt: skip
+    finally:
+        page.screenshot(path=str(ARTIFACTS / f"{chapter}.png"), full_page=False)
