@@ -80,5 +80,6 @@ def describe(device: torch.device | None = None) -> str:
     elif device.type == "mps":
         name = "Apple MPS"
     else:
-        name = f"CPU, {torch.get_num_threads()} threads"
+        threads = torch.get_num_threads()
+        name = f"CPU, {threads} thread{'s' if threads != 1 else ''}"
     return f"{device} ({name}), torch {torch.__version__}"

@@ -68,7 +68,9 @@ def saved_activation_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
             # Holding the storage until we have counted keeps its address from being reused by
             # a later tensor, which would then be mistaken for this one.
             saved[(str(tensor.device), storage.data_ptr())] = storage
-        return tensor
+        # A detached alias, not the tensor itself: an op that saves its own output would
+        # otherwise hold that output through its grad_fn, a cycle that keeps the graph alive.
+        return tensor.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         fn(*args, **kwargs)

@@ -1,0 +1,287 @@
+"""The bug detector: train a real small model with any mix of silent bugs, and record the curves.
+
+The engine, `run`, trains a small classifier on a three-arm spiral with the bugs you switch on
+and returns plain lists: the training loss, the norm of the gradient each update applies, the
+autograd graphs and activation bytes still alive after each step, and, every few steps, the
+validation loss measured twice in a row (their gap is zero exactly when evaluation is
+deterministic). `draw` plots them; `bug_detector_view` puts checkboxes over both and re-runs on
+every change. Runs are cached, so going back to a combination already seen only redraws.
+
+Every bug is one line of the loop, switched on in `_train` by its code:
+
+========================  ======================================================================
+``no_zero_grad``          ``optimizer.zero_grad()`` is left out
+``no_eval_mode``          validation runs without ``model.eval()`` (Dropout stays on)
+``eval_records_graph``    validation runs without ``torch.no_grad()``
+``kept_graph``            the loop logs ``history.append(loss)`` instead of ``loss.item()``
+``retain_graph``          ``loss.backward(retain_graph=True)``
+``softmax_before_ce``     the scores go through ``softmax`` before ``CrossEntropyLoss``
+``stale_head``            a new head is put on the model after the optimizer was built
+========================  ======================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from torch import nn
+
+from forge_course.data import make_spiral, train_val_split
+from forge_course.reference.detectors import ActivationWatch, grad_norm
+from forge_course.sims.display import PALETTE, show
+
+#: Each bug's code and the line it changes, in the order the checkboxes show them.
+BUGS: dict[str, str] = {
+    "no_zero_grad": "no optimizer.zero_grad()",
+    "no_eval_mode": "validate without model.eval()",
+    "eval_records_graph": "validate without torch.no_grad()",
+    "kept_graph": "history.append(loss), not loss.item()",
+    "retain_graph": "loss.backward(retain_graph=True)",
+    "softmax_before_ce": "softmax before CrossEntropyLoss",
+    "stale_head": "new head after the optimizer",
+}
+
+HIDDEN = 64  # units in each hidden layer
+DROPOUT = 0.2  # probability of zeroing a hidden unit in train mode
+BATCH_SIZE = 40  # 240 training points: 6 batches per epoch
+LEARNING_RATE = 0.2  # SGD with momentum 0.9
+EVAL_EVERY = 5  # validate every this many steps (and after the last one)
+
+#: The curves `run` returns. Per step: ``loss``, ``grad_norm``, ``live_graphs``, ``live_kib``.
+#: Per validation (at the steps in ``eval_step``): ``val_loss``, ``val_gap``, ``val_accuracy``.
+CURVES = (
+    "loss",
+    "grad_norm",
+    "live_graphs",
+    "live_kib",
+    "eval_step",
+    "val_loss",
+    "val_gap",
+    "val_accuracy",
+)
+
+
+class SpiralNet(nn.Module):
+    """2 → 64 → 64 → 3 with ReLU and Dropout; the last layer is kept apart as ``head``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Linear(2, HIDDEN),
+            nn.ReLU(),
+            nn.Dropout(DROPOUT),
+            nn.Linear(HIDDEN, HIDDEN),
+            nn.ReLU(),
+        )
+        self.head = nn.Linear(HIDDEN, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class scores (logits), ``[batch, 3]``, for points ``[batch, 2]``."""
+        return self.head(self.body(x))
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def make_data(seed: int) -> tuple[list[Batch], torch.Tensor, torch.Tensor]:
+    """300 spiral points split 240 / 60: training batches in a fixed order, the validation set."""
+    X, y = make_spiral(n_per_class=100, classes=3, noise=0.2, seed=seed)
+    X_train, y_train, X_val, y_val = train_val_split(X, y, val_fraction=0.2, seed=seed)
+    batches = list(zip(X_train.split(BATCH_SIZE), y_train.split(BATCH_SIZE)))
+    return batches, X_val, y_val
+
+
+def _validate(model, loss_fn, X_val, y_val, bugs) -> tuple[torch.Tensor, float]:
+    if "no_eval_mode" not in bugs:
+        model.eval()
+    with torch.enable_grad() if "eval_records_graph" in bugs else torch.no_grad():
+        scores = model(X_val)
+        loss = loss_fn(scores, y_val)
+    accuracy = (scores.argmax(dim=1) == y_val).float().mean().item()
+    model.train()
+    return loss, accuracy
+
+
+def _train(bugs: frozenset[str], steps: int, seed: int, progress: Callable[[int], None] | None):
+    torch.manual_seed(seed)
+    batches, X_val, y_val = make_data(seed)
+    model = SpiralNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9)
+    if "stale_head" in bugs:
+        model.head = nn.Linear(HIDDEN, 3)  # BUG: the optimizer holds the old head's parameters
+    loss_fn = nn.CrossEntropyLoss()
+    stepped = nn.ParameterList(p for group in optimizer.param_groups for p in group["params"])
+    history: list = []
+    curves: dict[str, list] = {key: [] for key in CURVES}
+    with ActivationWatch(model) as watch:
+        for step in range(1, steps + 1):
+            x, y = batches[(step - 1) % len(batches)]
+            if "no_zero_grad" not in bugs:
+                optimizer.zero_grad()
+            scores = model(x)
+            if "softmax_before_ce" in bugs:
+                scores = scores.softmax(dim=1)  # BUG: CrossEntropyLoss applies log-softmax itself
+            loss = loss_fn(scores, y)
+            loss.backward(retain_graph="retain_graph" in bugs)
+            curves["grad_norm"].append(grad_norm(stepped))
+            optimizer.step()
+            history.append(loss if "kept_graph" in bugs else loss.item())
+            curves["loss"].append(loss.item())
+            if step % EVAL_EVERY == 0 or step == steps:
+                # Validation's own Dropout draws must not change the training that follows, so
+                # that a validation bug shows in validation only.
+                with torch.random.fork_rng(devices=[]):
+                    first, accuracy = _validate(model, loss_fn, X_val, y_val, bugs)
+                    second, _ = _validate(model, loss_fn, X_val, y_val, bugs)
+                history.append(first if "kept_graph" in bugs else first.item())
+                curves["eval_step"].append(step)
+                curves["val_loss"].append(first.item())
+                curves["val_gap"].append(abs(first.item() - second.item()))
+                curves["val_accuracy"].append(accuracy)
+                del first, second
+            curves["live_graphs"].append(watch.live_graphs())
+            curves["live_kib"].append(watch.live_bytes() / 1024)
+            if progress is not None:
+                progress(step)
+    return curves
+
+
+# Finished runs by (bugs, steps, seed): ticking a box back returns at once. A run is a few
+# kilobytes of floats, so even a long session of clicking stays small.
+_CACHE: dict[tuple[frozenset[str], int, int], dict[str, list]] = {}
+
+
+def run(
+    bugs: Iterable[str] = (),
+    steps: int = 150,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, list]:
+    """Train the spiral classifier for ``steps`` updates with ``bugs`` switched on.
+
+    Args:
+        bugs: codes from `BUGS`, in any combination.
+        steps: optimizer updates (6 per epoch).
+        seed: seeds the data, the initial weights, the Dropout masks.
+        progress: called with the step number after every step; runs that are already cached
+            return at once without calling it.
+
+    Returns:
+        A dict of plain lists, see `CURVES`. The same arguments give the same numbers.
+    """
+    bugs = frozenset(bugs)
+    unknown = bugs - BUGS.keys()
+    if unknown:
+        raise ValueError(f"Unknown bug(s) {sorted(unknown)}; choose from {list(BUGS)}.")
+    if steps < 1:
+        raise ValueError(f"`steps` must be at least 1, got {steps}.")
+    key = (bugs, steps, seed)
+    if key not in _CACHE:
+        threads = torch.get_num_threads()
+        # The model is tiny: one thread avoids hand-offs that cost more than the arithmetic.
+        torch.set_num_threads(1)
+        try:
+            with torch.random.fork_rng(devices=[]):  # leave the caller's random state alone
+                _CACHE[key] = _train(bugs, steps, seed, progress)
+        finally:
+            torch.set_num_threads(threads)
+    return {name: list(values) for name, values in _CACHE[key].items()}
+
+
+# ---------------------------------------------------------------- the view
+
+
+def log_axis(ax) -> None:
+    """A log-scale y axis labelled 0.2, 0.5, 1, 2, 5, … rather than 10⁰ and a few bare ticks."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+#: The panels of `draw`: curve, y label, title, log scale.
+PANELS = (
+    ("loss", "cross-entropy", "Training loss", True),
+    ("grad_norm", "‖gradient‖ applied", "Gradient norm", True),
+    ("val_accuracy", "accuracy", "Validation accuracy", False),
+    ("live_graphs", "graphs", "Graphs alive after the step", False),
+    ("live_kib", "KiB", "Activations still held", False),
+    ("val_gap", "|loss₁ − loss₂|", "Same model evaluated twice", False),
+)
+
+
+def draw(curves: dict[str, list], baseline: dict[str, list] | None = None, title: str = ""):
+    """Six panels of a run's curves, over a dashed grey ``baseline`` (the bug-free run)."""
+    fig, axes = plt.subplots(2, 3, figsize=(12, 5.6))
+    for ax, (key, ylabel, name, log) in zip(axes.flat, PANELS):
+        # The baseline is drawn last, dashed: where a bug changes nothing, dashes lie on the line.
+        for run, colour, style, label in (
+            (curves, PALETTE["vermillion"], "-", "this run"),
+            (baseline, PALETTE["grey"], "--", "no bug"),
+        ):
+            if run is None:
+                continue
+            x = run["eval_step"] if key.startswith("val") else range(1, len(run[key]) + 1)
+            ax.plot(list(x), run[key], style, color=colour, label=label)
+        ax.set(title=name, xlabel="step", ylabel=ylabel)
+        if log:
+            log_axis(ax)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(title or "Bug detector", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def describe_bugs(bugs: Iterable[str]) -> str:
+    """The switched-on bugs as one line, for a figure title."""
+    bugs = [BUGS[b] for b in BUGS if b in set(bugs)]
+    return "Bugs on: " + ("; ".join(bugs) if bugs else "none")
+
+
+def bug_detector_view(initial: Iterable[str] = (), steps: int = 150, seed: int = 0) -> None:
+    """Checkboxes for every bug, a steps slider, a progress bar and the six panels of `draw`."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    initial = set(initial)
+    boxes = {
+        code: widgets.Checkbox(
+            value=code in initial, description=label, indent=False, layout={"width": "auto"}
+        )
+        for code, label in BUGS.items()
+    }
+    steps_slider = widgets.IntSlider(steps, 30, 300, step=30, description="steps")
+    bar = widgets.IntProgress(0, 0, steps, description="training", layout={"visibility": "hidden"})
+    out = widgets.Output()
+
+    def chosen() -> set[str]:
+        return {code for code, box in boxes.items() if box.value}
+
+    def tick(step: int) -> None:
+        if step % 10 == 0:
+            bar.value = step
+
+    def redraw(*_) -> None:
+        n = steps_slider.value
+        bar.max, bar.value = n, 0
+        bar.layout.visibility = "visible"
+        curves = run(chosen(), n, seed, progress=tick)
+        baseline = run((), n, seed, progress=tick)
+        bar.layout.visibility = "hidden"
+        fig = draw(curves, baseline, describe_bugs(chosen()))
+        with out:
+            out.clear_output(wait=True)
+            display(fig)
+        plt.close(fig)
+
+    for box in boxes.values():
+        box.observe(redraw, "value")
+    steps_slider.observe(redraw, "value")
+    redraw()
+    columns = {"grid_template_columns": "repeat(3, max-content)", "grid_gap": "0 24px"}
+    grid = widgets.GridBox(list(boxes.values()), layout=columns)
+    static = draw(run(initial, steps, seed), run((), steps, seed), describe_bugs(initial))
+    show(widgets.VBox([grid, widgets.HBox([steps_slider, bar]), out]), static)

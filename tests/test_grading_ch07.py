@@ -1,0 +1,183 @@
+"""Chapter 07's checks: correct answers in any style pass; each typical mistake is named."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from forge_course.grading import Mistake, ch07
+from forge_course.reference import detectors
+
+# ---------------------------------------------------------------- ch07_grad_norm
+
+
+def loop_grad_norm(model):
+    total = 0.0
+    for p in model.parameters():
+        if p.grad is not None:
+            total += p.grad.detach().pow(2).sum().item()
+    return math.sqrt(total)
+
+
+def flat_grad_norm(model):
+    grads = [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+    return torch.cat(grads).norm().item() if grads else 0.0
+
+
+def clip_grad_norm(model):
+    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf))
+
+
+def numpy_grad_norm(model):
+    squares = [np.square(p.grad.detach().cpu().double().numpy()).sum() for p in model.parameters()
+               if p.grad is not None]  # fmt: skip
+    return np.sqrt(np.sum(squares)) if squares else 0
+
+
+GRAD_NORMS = [loop_grad_norm, flat_grad_norm, clip_grad_norm, numpy_grad_norm]
+
+
+@pytest.mark.parametrize("answer", [*GRAD_NORMS, detectors.grad_norm.__wrapped__])
+def test_grad_norm_accepts_correct_answers_in_any_style(answer):
+    ch07.check_grad_norm(answer, thorough=True)
+
+
+@pytest.mark.parametrize("message,wrong", ch07.GRAD_NORM_MISTAKES, ids=range(7))
+def test_grad_norm_names_each_known_mistake(message, wrong):
+    with pytest.raises(Mistake) as caught:
+        ch07.check_grad_norm(wrong, thorough=True)
+    assert message in str(caught.value)
+
+
+def test_grad_norm_that_trips_on_a_missing_gradient_is_told_why():
+    def every_parameter(model):
+        return math.sqrt(sum(p.grad.pow(2).sum().item() for p in model.parameters()))
+
+    with pytest.raises(Mistake, match=r"raised AttributeError(.|\n)*has `.grad = None`"):
+        ch07.check_grad_norm(every_parameter)
+
+    def requires_grad_filter(model):
+        trained = [p for p in model.parameters() if p.requires_grad]
+        return math.sqrt(sum(p.grad.pow(2).sum().item() for p in trained))
+
+    with pytest.raises(Mistake, match="test `p.grad is not None`, not `p.requires_grad`"):
+        ch07.check_grad_norm(requires_grad_filter, thorough=True)
+
+    def stacks(model):
+        norms = [p.grad.norm() for p in model.parameters() if p.grad is not None]
+        return torch.stack(norms).norm().item()
+
+    with pytest.raises(Mistake, match="the norm is then 0.0"):
+        ch07.check_grad_norm(stacks, thorough=True)
+
+
+def test_an_unwritten_grad_norm_says_so():
+    def grad_norm(model):
+        raise NotImplementedError()
+
+    with pytest.raises(Mistake, match="not written yet"):
+        ch07.check_grad_norm(grad_norm)
+
+
+# ---------------------------------------------------------------- ch07_leak_check
+
+
+def stack_graph_leaks(obj):
+    count, todo = 0, [obj]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, torch.Tensor):
+            count += item.grad_fn is not None
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+    return count
+
+
+def comprehension_graph_leaks(obj):
+    if isinstance(obj, torch.Tensor):
+        return 1 if obj.grad_fn else 0
+    children = obj.values() if isinstance(obj, dict) else obj
+    if not isinstance(children, (list, tuple, type({}.values()))):
+        return 0
+    return sum([comprehension_graph_leaks(c) for c in children])
+
+
+@pytest.mark.parametrize(
+    "answer", [stack_graph_leaks, comprehension_graph_leaks, detectors.graph_leaks.__wrapped__]
+)
+def test_leak_check_accepts_correct_answers_in_any_style(answer):
+    ch07.check_leak_check(answer, thorough=True)
+
+
+@pytest.mark.parametrize("message,wrong", ch07.LEAK_MISTAKES, ids=range(5))
+def test_leak_check_names_each_known_mistake(message, wrong):
+    with pytest.raises(Mistake) as caught:
+        ch07.check_leak_check(wrong, thorough=True)
+    assert message in str(caught.value)
+
+
+def test_leak_check_explains_endless_recursion_into_strings():
+    def every_iterable(obj):
+        if isinstance(obj, torch.Tensor):
+            return int(obj.grad_fn is not None)
+        if isinstance(obj, dict):
+            obj = obj.values()
+        try:
+            return sum(every_iterable(item) for item in obj)
+        except TypeError:
+            return 0
+
+    with pytest.raises(Mistake, match="recursed forever(.|\n)*a string is iterable"):
+        ch07.check_leak_check(every_iterable)
+
+
+def test_calling_the_reference_does_not_score():
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch07.check_grad_norm(lambda model: detectors.grad_norm(model))
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch07.check_leak_check(detectors.graph_leaks)
+
+
+def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
+    monkeypatch.setenv("FORGE_GRADING_SEED", "1")
+    first = (ch07.grad_norm_cases(thorough=True), ch07.leak_cases(thorough=True))
+    monkeypatch.setenv("FORGE_GRADING_SEED", "2")
+    assert (ch07.grad_norm_cases(thorough=True), ch07.leak_cases(thorough=True)) != first
+    assert ch07.grad_norm_cases() == ch07.grad_norm_cases()
+
+
+# ---------------------------------------------------------------- ch07_mystery_loops
+
+LOOPS = list("ABC")
+RIGHT = {"A": "missing_zero_grad", "B": "none", "C": "graph_kept_alive"}
+HINTS = {"A": "look at zero_grad", "B": "nothing wrong", "C": "look at the graphs"}
+
+
+def test_labels_visible_check_is_about_the_form_only():
+    ch07.check_labels({"A": "none", "B": "none", "C": "none"}, "ch07_mystery_loops", LOOPS)
+    for answer, message in [
+        (None, "No answer yet"),
+        ([("A", "none")], "should be a dict"),
+        ({"A": "none", "B": "none"}, r"no label for loop\(s\) \['C'\]"),
+        ({"A": "none", "B": "none", "C": "none", "G": "none"}, "There is no loop 'G'"),
+        ({"A": "none", "B": "zero_grad", "C": "none"}, "Loop B: 'zero_grad' is not one of"),
+        ({"A": "none", "B": 3, "C": "none"}, "Loop B: 3 is not one of the codes"),
+    ]:
+        with pytest.raises(Mistake, match=message):
+            ch07.check_labels(answer, "ch07_mystery_loops", LOOPS)
+
+
+def test_labels_hidden_check_lists_every_wrong_loop_with_its_hint():
+    ch07.check_labels({"a ": " MISSING_ZERO_GRAD", "b": "None", "C": "graph_kept_alive"},
+                      "ch07_mystery_loops", LOOPS, correct=RIGHT, hints=HINTS)  # fmt: skip
+    with pytest.raises(Mistake) as caught:
+        ch07.check_labels({"A": "graph_kept_alive", "B": "none", "C": "missing_zero_grad"},
+                          "ch07_mystery_loops", LOOPS, correct=RIGHT, hints=HINTS)  # fmt: skip
+    message = str(caught.value)
+    assert "1 of 3 loops labelled right" in message
+    assert "Loop A: 'graph_kept_alive' is not right. look at zero_grad" in message
+    assert "Loop C: 'missing_zero_grad' is not right. look at the graphs" in message
+    assert "Loop B" not in message
