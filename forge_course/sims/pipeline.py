@@ -1,0 +1,273 @@
+"""The DataLoader pipeline for one epoch: which indices form each batch, and who builds it.
+
+    Dataset → sampler → batch sampler → workers → collate → model
+
+The engine, `plan_epoch`, is a pure function that reproduces what a map-style ``DataLoader``
+does with ``generator=torch.Generator().manual_seed(seed)`` (and ``persistent_workers=False``):
+
+- the **sampler** gives the epoch's order of indices: ``0 .. N-1``, or with ``shuffle`` a
+  permutation drawn from the loader's generator, after the one number the loader draws first as
+  the workers' base seed;
+- the **batch sampler** cuts that order into lists of ``batch_size`` indices; the last list is
+  shorter, or dropped with ``drop_last``;
+- the main process hands batch ``k`` to worker ``k mod num_workers`` (round robin) and keeps
+  ``num_workers × prefetch_factor`` batches requested ahead of the model: those are requested
+  as the epoch starts, and batch ``k`` after them while batch ``k − num_workers ×
+  prefetch_factor`` is handed to the model (without workers, batch ``k`` is loaded while it is
+  handed over: nothing is prepared ahead);
+- the worker calls ``dataset[i]`` for each index and **collates** the items into one batch.
+
+`draw_plan` draws a plan; `pipeline_view` wires both to widgets. Tests check the engine against a
+real DataLoader, worker ids and request order included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.patches import FancyBboxPatch, Rectangle
+
+from forge_course.sims.display import PALETTE, show
+
+MAIN_PROCESS = -1  # the "worker" id of batches built by the main process (num_workers=0)
+WORKER_COLOURS = [PALETTE[c] for c in ("blue", "orange", "green", "purple", "sky", "yellow")]
+_DARK = {PALETTE["blue"], PALETTE["green"]}  # fills that need white digits
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch of a DataLoader, as plain lists.
+
+    Attributes:
+        order: the sampler's order of all ``N`` indices.
+        batches: the index lists the batch sampler yields, in order.
+        workers: for each batch, the worker that builds it (`MAIN_PROCESS` without workers).
+        requested_with: for each batch, the batch being handed to the model when the main
+            process requested it, or None for the batches requested as the epoch starts.
+        unseen: indices in no batch this epoch (the tail that ``drop_last`` cuts).
+        base_seed: the loader's draw for the workers' seeds; worker ``w`` is seeded with
+            ``base_seed + w``.
+        settings: the arguments the plan was made from.
+    """
+
+    order: list[int]
+    batches: list[list[int]]
+    workers: list[int]
+    requested_with: list[int | None]
+    unseen: list[int]
+    base_seed: int
+    settings: dict
+
+
+def plan_epoch(
+    n: int,
+    batch_size: int,
+    shuffle: bool = False,
+    drop_last: bool = False,
+    num_workers: int = 0,
+    seed: int = 0,
+    epoch: int = 0,
+    prefetch_factor: int = 2,
+) -> EpochPlan:
+    """What ``DataLoader(range(n), batch_size, shuffle, drop_last=..., num_workers=...,
+    generator=torch.Generator().manual_seed(seed))`` does in its ``epoch``-th epoch (from 0).
+
+    Args:
+        n: examples in the dataset.
+        batch_size: examples per batch.
+        shuffle: draw a new permutation each epoch (``RandomSampler``) instead of ``0 .. n-1``.
+        drop_last: drop the last batch if it is short.
+        num_workers: worker processes; 0 builds every batch in the main process.
+        seed: seed of the loader's generator.
+        epoch: which epoch; every earlier epoch is assumed to have run to its end, advancing
+            the generator by its draws.
+        prefetch_factor: batches each worker is asked for ahead of the model (ignored with 0
+            workers, where nothing is prepared ahead).
+
+    Returns:
+        An `EpochPlan`.
+    """
+    for name, value, least in [("n", n, 1), ("batch_size", batch_size, 1),
+                               ("num_workers", num_workers, 0), ("epoch", epoch, 0),
+                               ("prefetch_factor", prefetch_factor, 1)]:  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"`{name}` must be a whole number of at least {least}, got {value!r}.")
+    generator = torch.Generator().manual_seed(seed)
+    for past in range(epoch + 1):
+        # Each epoch's iterator draws the workers' base seed first, then the sampler its order.
+        base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator))
+        order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
+        if shuffle and past < epoch:
+            # RandomSampler draws one more permutation (and uses none of it) when an epoch
+            # runs to its end: the generator moves on by that draw too.
+            torch.randperm(n, generator=generator)
+    batches = [order[start : start + batch_size] for start in range(0, n, batch_size)]
+    if drop_last and len(batches[-1]) < batch_size:
+        batches.pop()
+    seen = sum(len(b) for b in batches)
+    ahead = num_workers * prefetch_factor
+    return EpochPlan(
+        order=order,
+        batches=batches,
+        workers=[k % num_workers if num_workers else MAIN_PROCESS for k in range(len(batches))],
+        requested_with=[k - ahead if k >= ahead else None for k in range(len(batches))],
+        unseen=order[seen:],
+        base_seed=base_seed,
+        settings={
+            "n": n, "batch_size": batch_size, "shuffle": shuffle, "drop_last": drop_last,
+            "num_workers": num_workers, "seed": seed, "epoch": epoch,
+            "prefetch_factor": prefetch_factor,
+        },
+    )  # fmt: skip
+
+
+def summary(plan: EpochPlan) -> str:
+    """One line of counts: batches, the last batch's size, examples left unseen."""
+    sizes = [len(b) for b in plan.batches]
+    line = f"{len(sizes)} batches"
+    if sizes and sizes[-1] != sizes[0]:
+        line += f" ({len(sizes) - 1} of {sizes[0]}, last of {sizes[-1]})"
+    elif sizes:
+        line += f" of {sizes[0]}"
+    return line + f", {len(plan.unseen)} examples unseen"
+
+
+def _worker_label(worker: int) -> str:
+    return "main process" if worker == MAIN_PROCESS else f"worker {worker}"
+
+
+def _colour(worker: int) -> str:
+    return PALETTE["grey"] if worker == MAIN_PROCESS else WORKER_COLOURS[worker % 6]
+
+
+def _request_note(plan: EpochPlan, k: int) -> str:
+    with_batch = plan.requested_with[k]
+    if plan.settings["num_workers"] == 0:
+        return "loaded when the model asks for it"
+    if with_batch is None:
+        return "requested as the epoch starts"
+    return f"requested as batch {with_batch} goes to the model"
+
+
+def _draw_stages(ax, plan: EpochPlan) -> None:
+    s = plan.settings
+    workers = s["num_workers"]
+    stages = [
+        ("Dataset", f"N = {s['n']}\n__getitem__(i)"),
+        ("Sampler", "shuffled order" if s["shuffle"] else "0, 1, 2, ..."),
+        ("Batch sampler", f"B = {s['batch_size']}\ndrop_last={s['drop_last']}"),
+        ("Workers", f"{workers} processes" if workers else "none: main\nprocess loads"),
+        ("collate_fn", "items → one\nbatch tensor"),
+        ("Model", f"{len(plan.batches)} steps"),
+    ]
+    width = 1 / len(stages)
+    for i, (name, detail) in enumerate(stages):
+        x = i * width + 0.012
+        ax.add_patch(FancyBboxPatch((x, 0.08), width - 0.05, 0.84, boxstyle="round,pad=0.01",
+                                    fc="#f2f2f2", ec=PALETTE["black"], lw=0.8))  # fmt: skip
+        if name == "Workers":
+            for w in range(workers):  # one swatch per worker, in its batches' colour
+                ax.add_patch(Rectangle((x + 0.01 + 0.022 * w, 0.12), 0.018, 0.12, fc=_colour(w)))
+        ax.text(x + (width - 0.05) / 2, 0.68, name, ha="center", va="center", fontweight="bold",
+                fontsize=9)  # fmt: skip
+        ax.text(x + (width - 0.05) / 2, 0.32, detail, ha="center", va="center", fontsize=7.5)
+        if i < len(stages) - 1:
+            ax.annotate("", xy=((i + 1) * width + 0.01, 0.5), xytext=(x + width - 0.04, 0.5),
+                        arrowprops={"arrowstyle": "->", "lw": 1.2})  # fmt: skip
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.axis("off")
+
+
+def _draw_batches(ax, plan: EpochPlan) -> None:
+    s = plan.settings
+    columns = max([s["batch_size"], len(plan.unseen), 1])
+    rows = [(f"batch {k} · {_worker_label(w)}", batch, _colour(w), _request_note(plan, k))
+            for k, (batch, w) in enumerate(zip(plan.batches, plan.workers))]  # fmt: skip
+    if plan.unseen:
+        rows.append(("unseen this epoch", plan.unseen, "#dddddd", None))
+    size = 7.5 if columns <= 16 else max(4.5, 7.5 * 16 / columns)
+    for r, (label, indices, colour, note) in enumerate(rows):
+        y = len(rows) - 1 - r
+        ax.text(-0.3, y + 0.45, label, ha="right", va="center", fontsize=8)
+        for c, index in enumerate(indices):
+            ax.add_patch(Rectangle((c, y + 0.05), 0.92, 0.8, fc=colour, ec="white",
+                                   hatch=None if note else "///", alpha=0.85))  # fmt: skip
+            ax.text(c + 0.46, y + 0.45, str(index), ha="center", va="center", fontsize=size,
+                    color="white" if colour in _DARK else "black")  # fmt: skip
+        if note:
+            ax.text(columns + 0.3, y + 0.45, f"→ [{len(indices)}]  {note}", va="center",
+                    fontsize=7.5)  # fmt: skip
+    ax.set_xlim(-0.2, columns + 6.5)
+    ax.set_ylim(-0.1, len(rows))
+    ax.axis("off")
+
+
+def draw_plan(plan: EpochPlan, fig=None):
+    """Draw the pipeline's stages and, below, every batch as a row of its indices.
+
+    Rows are coloured by the worker that builds the batch; the unseen tail is hatched grey.
+    """
+    rows = len(plan.batches) + (1 if plan.unseen else 0)
+    height = 1.5 + 0.3 * min(rows, 26)  # inches: the stages take 1.2, each row of batches 0.3
+    if fig is None:
+        fig = plt.figure(figsize=(11, height))
+    fig.clear()
+    top = fig.add_axes((0.02, 1 - 1.25 / height, 0.96, 0.95 / height))
+    bottom = fig.add_axes((0.2, 0.1 / height, 0.78, 1 - 1.45 / height))
+    _draw_stages(top, plan)
+    _draw_batches(bottom, plan)
+    s = plan.settings
+    ahead = s["num_workers"] * s["prefetch_factor"]
+    extra = f"; up to {ahead} batches requested ahead of the model" if ahead else ""
+    fig.suptitle(f"Epoch {s['epoch']}: {summary(plan)}{extra}", y=1 - 0.08 / height, fontsize=10)
+    return fig
+
+
+def pipeline_view(
+    n: int = 100,
+    batch_size: int = 16,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    num_workers: int = 2,
+    seed: int = 0,
+) -> None:
+    """Widgets for the loader's settings over `draw_plan`; shows the default state as a PNG too."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    style = {"description_width": "initial"}
+    controls = {
+        "n": widgets.IntSlider(n, 10, 100, description="dataset size N", style=style),
+        "batch_size": widgets.IntSlider(batch_size, 4, 32, description="batch_size", style=style),
+        "shuffle": widgets.Checkbox(shuffle, description="shuffle"),
+        "drop_last": widgets.Checkbox(drop_last, description="drop_last"),
+        "num_workers": widgets.IntSlider(
+            num_workers, 0, 4, description="num_workers", style=style
+        ),  # fmt: skip
+        "prefetch_factor": widgets.IntSlider(2, 1, 4, description="prefetch_factor", style=style),
+        "epoch": widgets.IntSlider(0, 0, 3, description="epoch", style=style),
+    }
+    out = widgets.Output()
+
+    def redraw(*_):
+        plan = plan_epoch(seed=seed, **{name: w.value for name, w in controls.items()})
+        with out:
+            out.clear_output(wait=True)
+            fig = draw_plan(plan)
+            display(fig)
+            plt.close(fig)  # shown once, in the output widget, not again at the end of the cell
+
+    for widget in controls.values():
+        widget.observe(redraw, "value")
+    redraw()
+    names = list(controls)
+    box = widgets.VBox([
+        widgets.HBox([controls[k] for k in names[:4]]),
+        widgets.HBox([controls[k] for k in names[4:]]),
+        out,
+    ])  # fmt: skip
+    static = plan_epoch(n, batch_size, shuffle, drop_last, num_workers, seed)
+    show(box, draw_plan(static))
