@@ -70,7 +70,12 @@ def _show(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         if value.numel() > 12:
             return f"a tensor of shape {list(value.shape)} ({value.dtype})"
-        shown = torch.round(value.detach().double().cpu(), decimals=5).tolist()
+        plain = value.detach().cpu()
+        shown = (
+            torch.round(plain.double(), decimals=5).tolist()
+            if plain.is_floating_point()
+            else plain.tolist()
+        )
         dtype = str(value.dtype).replace("torch.", "")
         return f"tensor {shown} ({dtype}, shape {list(value.shape)})"
     if isinstance(value, float):
