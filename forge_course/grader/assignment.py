@@ -8,7 +8,9 @@ and their test cells with points, and the question cells with their (hidden) tes
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
+import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,16 @@ class Assignment:
     question_tests: dict[str, str] = field(default_factory=dict)  # graded cell id -> its code
     question_cells: dict[str, list[str]] = field(default_factory=dict)  # cell id -> names
     release: nbformat.NotebookNode | None = None
+    _settings: dict | None = field(default=None, repr=False)
+
+    def settings(self) -> dict:
+        """The names the instructor's set-up cell defines (run once, here, in the grader)."""
+        if self._settings is None:
+            scope: dict = {"__name__": "__forge_settings__"}
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(self.prelude, f"<{self.id} set-up>", "exec"), scope)
+            self._settings = scope
+        return dict(self._settings)
 
     def test_for(self, solution_id: str) -> str:
         return f"{solution_id}_tests"

@@ -7,6 +7,7 @@ says why, so no zero is silent.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,7 +16,6 @@ import nbformat
 
 from forge_course.grader import codec, sandbox, tamper
 from forge_course.grader.assignment import Assignment
-from forge_course.grading import check_choice, check_number
 from forge_course.grading.core import Mistake
 
 
@@ -66,11 +66,7 @@ def grade_notebook(
             )
             if results[test].status != "graded":
                 break
-    for cell_id, names in assignment.question_cells.items():
-        tests_here = [t for t in assignment.question_tests if t not in results]
-        results.update(
-            _grade_questions(assignment, answers.get(cell_id), names, tests_here, limits, hidden)
-        )
+    results.update(_grade_questions(assignment, answers, limits, hidden))
     return {t: results.get(t, CellResult("missing", 0.0, assignment.test_points[t])) for t in tests}
 
 
@@ -126,36 +122,52 @@ def _limit_message(outcome: sandbox.Outcome, ran: dict) -> str:
     return f"{what} ({outcome.detail})."
 
 
-def _grade_questions(assignment, answer, names, tests, limits, hidden) -> dict[str, CellResult]:
-    def every(status, message):
-        return {t: CellResult(status, 0.0, assignment.test_points[t], message) for t in tests}
-
+def _question_values(answer, names, limits, hidden) -> tuple[str, str, dict]:
+    """(status, message, plain values) of one question cell, run alone in a worker."""
     if answer is None:
-        return every("missing", "The answer cell of the questions is missing.")
+        return "missing", "The answer cell of these questions is missing.", {}
     reasons = tamper.findings(answer)
     if reasons:
-        return every("tampered", "Not graded: your answer " + "; ".join(reasons))
-    job = {"prelude": "", "answer": answer, "variables": names}
-    outcome = sandbox.run(job, limits, hidden)
-    sent = next((m["variables"] for m in outcome.messages if "variables" in m), None)
+        return "tampered", "Not graded: your answer " + "; ".join(reasons), {}
+    outcome = sandbox.run({"prelude": "", "answer": answer, "variables": names}, limits, hidden)
     if outcome.status != "finished":
-        return every(outcome.status, _limit_message(outcome, {}))
+        return outcome.status, _limit_message(outcome, {}), {}
+    sent = next((m["variables"] for m in outcome.messages if "variables" in m), None)
     if sent is None:
-        return every("crashed", "The worker sent no answers back.")
-    values = {n: codec.from_plain(v) for n, v in sent.items()}
+        return "crashed", "The worker sent no answers back.", {}
+    return "finished", "", {n: codec.from_plain(v) for n, v in sent.items()}
+
+
+def _names_used(source: str) -> set[str]:
+    return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+
+
+def _grade_questions(assignment, answers, limits, hidden) -> dict[str, CellResult]:
+    """Each question cell runs in its own worker; each question's test code runs here."""
+    cells = {
+        cell: (names, _question_values(answers.get(cell), names, limits, hidden))
+        for cell, names in assignment.question_cells.items()
+    }
     results = {}
-    for test in tests:
-        # The instructor's test code runs here, on plain values only: it never sees learner code.
-        scope = {"check_number": check_number, "check_choice": check_choice, **values}
+    for test, code in assignment.question_tests.items():
+        top = assignment.test_points[test]
+        used = _names_used(code)
+        mine = [outcome for names, outcome in cells.values() if used & set(names)]
+        failed = next((o for o in mine if o[0] != "finished"), None)
+        if failed:
+            results[test] = CellResult(failed[0], 0.0, top, failed[1])
+            continue
+        values = {k: v for _, _, found in mine for k, v in found.items()}
+        # The instructor's test code runs here, after the instructor's set-up cell, on plain
+        # values only: it never sees learner code.
+        scope = {**assignment.settings(), **values}
         try:
-            exec(compile(assignment.question_tests[test], f"<{test}>", "exec"), scope)
+            exec(compile(code, f"<{test}>", "exec"), scope)
         except Mistake as mistake:
-            results[test] = CellResult("wrong", 0.0, assignment.test_points[test], str(mistake))
+            results[test] = CellResult("wrong", 0.0, top, str(mistake))
         except Exception as err:  # noqa: BLE001
-            message = f"[{test}] {type(err).__name__}: {err}"
-            results[test] = CellResult("wrong", 0.0, assignment.test_points[test], message)
+            results[test] = CellResult("wrong", 0.0, top, f"[{test}] {type(err).__name__}: {err}")
         else:
-            top = assignment.test_points[test]
             results[test] = CellResult("graded", top, top, "")
     return results
 

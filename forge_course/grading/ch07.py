@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from forge_course.device import available_devices
-from forge_course.grading.core import Mistake, call_answer, explain, grading_seed
+from forge_course.grading.core import Exercise, Mistake, call_answer, explain, grading_seed
 from forge_course.reference import detectors as ref
 
 # ---------------------------------------------------------------- ch07_grad_norm
@@ -482,3 +482,26 @@ def check_labels(
             f"{right} of {len(loops)} loops labelled right.\n"
             + "\n".join(line.rstrip() for line in lines),
         )
+
+
+# The records the isolated grader runs (the checks above add per-case hints for notebooks).
+EXERCISES = [
+    Exercise(
+        grade_id=GRAD_NORM,
+        function="grad_norm",
+        reference=ref.grad_norm.__wrapped__,
+        cases=grad_norm_cases,
+        observe=observe_grad_norm,
+        label=_label,
+        mistakes=GRAD_NORM_MISTAKES,
+    ),
+    Exercise(
+        grade_id=LEAK_CHECK,
+        function="graph_leaks",
+        reference=ref.graph_leaks.__wrapped__,
+        cases=leak_cases,
+        observe=observe_leak_check,
+        label=lambda case: str(case.get("name", case)),
+        mistakes=LEAK_MISTAKES,
+    ),
+]

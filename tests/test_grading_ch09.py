@@ -1,0 +1,207 @@
+"""Chapter 09's checks: correct answers in any style pass; each typical mistake is named."""
+
+import math
+import os
+import pickle
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from forge_course.grading import Mistake, ch09
+from forge_course.reference import checkpoint as ref_checkpoint
+
+SPEC_SAVE = ch09.spec_save_checkpoint.__wrapped__
+SPEC_LOAD = ch09.spec_load_checkpoint.__wrapped__
+
+
+def save_with_tempfile(path, model, optimizer, scheduler, step):
+    """Another correct save: tempfile.NamedTemporaryFile, numpy keys as a tensor, a tuple."""
+    path = Path(path)
+    state = np.random.get_state()
+    payload = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "step": step,
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": (state[0], torch.from_numpy(state[1].astype(np.int64)), *state[2:]),
+        },
+    }
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as file:
+        try:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        except BaseException:
+            file.close()
+            os.unlink(file.name)
+            raise
+    os.replace(file.name, path)
+
+
+def load_with_map_location(path, model, optimizer, scheduler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    kind, keys, *rest = state["rng"]["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    version, internal, gauss = state["rng"]["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["rng"]["torch"])
+    return int(state["step"])
+
+
+@pytest.mark.parametrize("save", [SPEC_SAVE, save_with_tempfile])
+def test_checkpoint_accepts_correct_saves(save):
+    ch09.CHECKPOINT_SAVE.check(save, thorough=True)
+
+
+@pytest.mark.parametrize("load", [SPEC_LOAD, load_with_map_location])
+def test_checkpoint_accepts_correct_loads(load):
+    ch09.CHECKPOINT_LOAD.check(load, thorough=True)
+
+
+@pytest.mark.parametrize("message,wrong", ch09.SAVE_MISTAKES, ids=range(7))
+def test_checkpoint_names_each_wrong_save(message, wrong):
+    with pytest.raises(Mistake) as caught:
+        ch09.CHECKPOINT_SAVE.check(wrong)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("message,wrong", ch09.LOAD_MISTAKES, ids=range(6))
+def test_checkpoint_names_each_wrong_load(message, wrong):
+    with pytest.raises(Mistake) as caught:
+        ch09.CHECKPOINT_LOAD.check(wrong)
+    assert message in str(caught.value)
+
+
+def test_checkpoint_refuses_the_reference():
+    def save(path, model, optimizer, scheduler, step):
+        ref_checkpoint.save_checkpoint(path, model, optimizer, scheduler, step=step)
+
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch09.check_checkpoint(save, SPEC_LOAD)
+
+
+def test_checkpoint_reports_an_unwritten_answer():
+    def save(path, model, optimizer, scheduler, step):
+        raise NotImplementedError()
+
+    with pytest.raises(Mistake, match="not written yet"):
+        ch09.check_checkpoint(save, SPEC_LOAD)
+
+
+def test_checkpoint_in_another_format_is_explained():
+    def save(path, model, optimizer, scheduler, step):
+        torch.save({"weights": model.state_dict(), "step": step}, path)
+
+    with pytest.raises(Mistake, match="does not follow the format"):
+        ch09.check_checkpoint(save, SPEC_LOAD)
+
+
+def test_checks_leave_the_global_generators_alone():
+    random.seed(5)
+    np.random.seed(5)
+    torch.manual_seed(5)
+    want = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(5)
+    np.random.seed(5)
+    torch.manual_seed(5)
+    ch09.check_checkpoint(SPEC_SAVE, SPEC_LOAD)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
+
+
+def test_the_hostile_file_really_runs_code_without_weights_only():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.pt"
+        torch.save({"note": ch09._Payload()}, path)
+        ch09.HIDDEN_CODE_RAN.clear()
+        torch.load(path, weights_only=False)
+        assert ch09.HIDDEN_CODE_RAN == ["ran"]
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(path, weights_only=True)
+
+
+def test_observations_are_plain_data():
+    from forge_course.grader.codec import dumps, loads
+
+    case = ch09.checkpoint_cases()[0]
+    for exercise, fn in ((ch09.CHECKPOINT_SAVE, SPEC_SAVE), (ch09.CHECKPOINT_LOAD, SPEC_LOAD)):
+        seen = exercise.observe(fn, case)
+        assert loads(dumps(seen)) == seen
+    seen = ch09.EARLY_STOPPING.observe(ch09._reference_stopper, ch09.early_stopping_cases()[0])
+    assert loads(dumps(seen)) == seen
+
+
+class CountingStopper:
+    """A correct answer in another style: the sign trick for both modes."""
+
+    def __init__(self, patience, min_delta=0.0, mode="min"):
+        if not (patience >= 1 and min_delta >= 0 and mode in {"min", "max"}):
+            raise ValueError("bad settings")
+        self.sign = 1.0 if mode == "min" else -1.0
+        self.patience, self.min_delta = patience, min_delta
+        self.best = self.sign * math.inf
+        self.best_epoch, self.num_bad_epochs, self.seen = None, 0, 0
+
+    def step(self, metric):
+        value = metric.item() if isinstance(metric, torch.Tensor) else float(metric)
+        if self.sign * value < self.sign * self.best - self.min_delta:
+            self.best, self.best_epoch, self.num_bad_epochs = value, self.seen, 0
+        else:
+            self.num_bad_epochs += 1
+        self.seen += 1
+        return self.num_bad_epochs >= self.patience
+
+
+@pytest.mark.parametrize("answer", [ch09._reference_stopper, CountingStopper])
+def test_early_stopping_accepts_correct_answers(answer):
+    ch09.check_early_stopping(answer, thorough=True)
+
+
+@pytest.mark.parametrize("message,wrong", ch09.STOPPING_MISTAKES, ids=range(6))
+def test_early_stopping_names_each_known_mistake(message, wrong):
+    with pytest.raises(Mistake) as caught:
+        ch09.check_early_stopping(wrong, thorough=True)
+    assert message in str(caught.value)
+
+
+def test_early_stopping_refuses_the_reference_class():
+    from forge_course.reference.seeding import EarlyStopping
+
+    with pytest.raises(Mistake, match="reference `EarlyStopping`"):
+        ch09.check_early_stopping(EarlyStopping)
+
+
+def test_early_stopping_wants_float_best_for_tensor_metrics():
+    class KeepsTensors(CountingStopper):
+        def step(self, metric):
+            improved = self.sign * metric < self.sign * self.best - self.min_delta
+            if improved:
+                self.best, self.best_epoch, self.num_bad_epochs = metric, self.seen, 0
+            else:
+                self.num_bad_epochs += 1
+            self.seen += 1
+            return self.num_bad_epochs >= self.patience
+
+    with pytest.raises(Mistake, match="float"):
+        ch09.check_early_stopping(KeepsTensors, thorough=True)
+
+
+def test_early_stopping_must_refuse_bad_settings():
+    class AcceptsAnything(CountingStopper):
+        def __init__(self, patience, min_delta=0.0, mode="min"):
+            self.sign = 1.0 if mode == "min" else -1.0
+            self.patience, self.min_delta = patience, min_delta
+            self.best = self.sign * math.inf
+            self.best_epoch, self.num_bad_epochs, self.seen = None, 0, 0
+
+    with pytest.raises(Mistake, match="raises ValueError"):
+        ch09.check_early_stopping(AcceptsAnything, thorough=True)
