@@ -19,7 +19,7 @@ from collections import deque
 import torch
 
 from forge_course.device import available_devices
-from forge_course.grading.core import Mistake, call_answer, explain, grading_seed
+from forge_course.grading.core import Exercise, Mistake, call_answer, explain, grading_seed
 from forge_course.reference import autograd_tape as ref
 
 
@@ -681,3 +681,36 @@ def check_straight_through(round_ste, thorough: bool = False) -> None:
             hint="the value is torch.round(x); the gradient reaching x is the upstream gradient, "
             "unchanged.",
         )
+
+
+# The records the isolated grader runs; the checks above are what the notebook calls.
+EXERCISES = [
+    Exercise(
+        grade_id="ch01_graph_walk",
+        function="graph_nodes",
+        reference=ref.graph_nodes.__wrapped__,
+        cases=graph_walk_cases,
+        observe=observe_graph_walk,
+        label=lambda case: f"{case['expression']} on {case['device']}",
+        mistakes=GRAPH_WALK_MISTAKES,
+    ),
+    Exercise(
+        grade_id="ch01_logsumexp",
+        function="LogSumExp",
+        reference=_ReferenceLogSumExp,
+        cases=logsumexp_cases,
+        observe=observe_logsumexp,
+        label=_lse_label,
+        mistakes=LOGSUMEXP_MISTAKES,
+        prepare=lambda seen, target, case: _snap(seen, target, _rounding_rtol(case)),
+    ),
+    Exercise(
+        grade_id="ch01_straight_through",
+        function="round_ste",
+        reference=_ReferenceRoundSTE.apply,
+        cases=straight_through_cases,
+        observe=observe_straight_through,
+        label=_ste_label,
+        mistakes=STRAIGHT_THROUGH_MISTAKES,
+    ),
+]

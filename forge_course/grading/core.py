@@ -254,6 +254,8 @@ class Exercise:
         label: a few words describing a case, for messages.
         mistakes: ``(message, wrong_fn)`` pairs of known wrong implementations.
         hint: the likely mistake to suggest when none of ``mistakes`` matches.
+        prepare: ``prepare(observation, target, case)``, applied to an observation before it is
+            compared with ``target``; for example to accept rounding a case legitimately allows.
     """
 
     grade_id: str
@@ -264,17 +266,21 @@ class Exercise:
     label: Callable[[dict], str] = str
     mistakes: Sequence[tuple[str, Callable]] = ()
     hint: str = ""
+    prepare: Callable[[Observation, Observation, dict], Observation] | None = None
 
     def judge(self, case: dict, got: Observation) -> None:
         """Raise a `Mistake` unless ``got``, observed on ``case``, matches the reference."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+        want = self.observe(self.reference, case)
+        prepare = self.prepare or (lambda observation, target, case: observation)
+        got = prepare(got, want, case)
         explain(
             self.grade_id,
             got,
-            self.observe(self.reference, case),
+            want,
             case=self.label(case),
             known_mistakes=[
-                (message, lambda wrong=wrong: self.observe(wrong, case))
+                (message, lambda wrong=wrong: prepare(self.observe(wrong, case), got, case))
                 for message, wrong in self.mistakes
             ],
             hint=self.hint,
