@@ -1,0 +1,400 @@
+"""Checks for chapter 08, "Training simulator and arena".
+
+Exercises:
+    ch08_fit: ``fit(config, device) -> history``, compared with
+        `forge_course.reference.training.fit` run by run.
+    ch08_arena_config: ``make_arena_config() -> dict``, a configuration that reaches 90%
+        validation accuracy within the 50-step budget, checked by running it in the arena.
+Questions:
+    ch08_q_steplr_changes, ch08_q_onecycle_where, ch08_q_adam_first_step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from forge_course.device import available_devices
+from forge_course.grading.core import Exercise, Mistake, call_answer, grading_seed
+from forge_course.reference import training as ref
+from forge_course.sims import arena
+from forge_course.sims.trainer import torch_threads
+
+# ---------------------------------------------------------------- ch08_fit
+
+HISTORY_KEYS = ("lr", "train_loss", "val_accuracy")  # compared in this order: lr explains the rest
+N_TRAIN = 300  # training points of the spiral track
+
+
+def _case(device: str, **settings) -> dict:
+    return {**ref.DEFAULT_CONFIG, "epochs": 3, **settings, "device": device}
+
+
+def fit_cases(thorough: bool = False) -> list[dict]:
+    """Three short runs on the CPU; thorough: every optimizer with every schedule, every device.
+
+    Every case has a short last batch (so the loss must be weighted), and dropout where eval
+    mode has to be seen.
+    """
+    if not thorough:
+        return [
+            _case("cpu", optimizer="momentum", lr=0.05, scheduler="step", step_size=1,
+                  batch_size=64, dropout=0.2, seed=0),
+            _case("cpu", optimizer="adam", lr=0.02, scheduler="onecycle", batch_size=32, seed=1),
+            _case("cpu", optimizer="adamw", lr=0.01, weight_decay=0.05, scheduler="cosine",
+                  batch_size=128, seed=2),
+        ]  # fmt: skip
+    seed = grading_seed()
+    rng = random.Random(seed)
+    lrs = {"sgd": 0.2, "momentum": 0.05, "adam": 0.01, "adamw": 0.02}
+    cases = []
+    for d, device in enumerate(available_devices()):
+        combos = itertools.product(ref.OPTIMIZERS, ref.SCHEDULERS)
+        for i, (optimizer, scheduler) in enumerate(combos):
+            cases.append(
+                _case(
+                    str(device),
+                    optimizer=optimizer,
+                    lr=lrs[optimizer] * rng.choice([0.5, 1.0, 2.0]),
+                    momentum=rng.choice([0.8, 0.9]),
+                    weight_decay=rng.choice([0.0, 0.02, 0.05]),
+                    scheduler=scheduler,
+                    step_size=rng.choice([1, 2]),
+                    gamma=rng.choice([0.3, 0.5]),
+                    batch_size=rng.choice([32, 64, 128, 200]),
+                    dropout=0.2 if i % 2 == 0 else 0.0,
+                    seed=seed + 100 * d + i,
+                )
+            )
+    return cases
+
+
+def _config(case: dict) -> dict:
+    return {key: case[key] for key in ref.DEFAULT_CONFIG}
+
+
+def _label(case: dict) -> str:
+    batches = ref.steps_per_epoch(N_TRAIN, case["batch_size"])
+    last = N_TRAIN - (batches - 1) * case["batch_size"]
+    return (
+        f"{case['optimizer']}, lr {case['lr']:g}, weight_decay {case['weight_decay']:g}, "
+        f"{case['scheduler']} schedule, {case['epochs']} epochs of {batches} batches "
+        f"(the last of {last}), dropout {case['dropout']:g}, seed {case['seed']}, {case['device']}"
+    )
+
+
+def _format_problem(history, case: dict) -> str | None:
+    """What is wrong with the shape of ``history`` itself, before any number is compared."""
+    wanted = "a dict with the keys 'train_loss', 'val_accuracy' and 'lr'"
+    if not isinstance(history, dict):
+        return f"`fit` should return {wanted}, but it returned a {type(history).__name__}."
+    missing = [key for key in HISTORY_KEYS if key not in history]
+    if missing:
+        return f"the history is missing the key(s) {missing}; `fit` should return {wanted}."
+    batches = ref.steps_per_epoch(N_TRAIN, case["batch_size"])
+    lengths = {
+        "train_loss": (case["epochs"], "one per epoch: the mean loss over its examples"),
+        "val_accuracy": (case["epochs"], "one per epoch, measured after the epoch"),
+        "lr": (
+            case["epochs"] * batches,
+            f"one per optimizer step ({case['epochs']} epochs × {batches} batches), "
+            "the rate each step used",
+        ),
+    }
+    for key, (length, meaning) in lengths.items():
+        values = history[key]
+        if not isinstance(values, (list, tuple)):
+            return (
+                f"history[{key!r}] should be a list of floats, but it is a {type(values).__name__}."
+            )
+        for i, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                return (
+                    f"history[{key!r}][{i}] is a tensor, not a float: store `.item()`. A kept "
+                    "loss tensor keeps its whole graph in memory."
+                )
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"history[{key!r}][{i}] should be a float, but it is {value!r}."
+        if len(values) != length:
+            return (
+                f"history[{key!r}] has {len(values)} entries but should have {length}: {meaning}."
+            )
+    return None
+
+
+def observe_fit(fn, case: dict) -> dict:
+    """Run ``fn`` on a fresh copy of the case's config; the history as tensors, lr first.
+
+    Losses and accuracies become float32 tensors on the case's device, so they are compared
+    with that device's tolerance; learning rates are host arithmetic and compared in float64.
+    """
+    history = call_answer("ch08_fit", "fit", fn, _config(case), case["device"], case=_label(case))
+    problem = _format_problem(history, case)
+    if problem:
+        raise Mistake("ch08_fit", f"{problem} (case: {_label(case)})")
+    return {
+        "lr": torch.tensor(history["lr"], dtype=torch.float64),
+        "train_loss": torch.tensor(history["train_loss"], device=case["device"]),
+        "val_accuracy": torch.tensor(history["val_accuracy"], device=case["device"]),
+    }
+
+
+def flawed_fit(*flaws: str):
+    """A `fit` with the named mistakes (keys of `FIT_MISTAKES`); with none, it is the reference."""
+    flaws = frozenset(flaws)
+
+    def fit(config, device="cpu"):
+        X_train, y_train, X_val, y_val = (t.to(device) for t in ref.spiral_data())
+        model = ref.make_model(config).to(device)
+        params, name, lr = model.parameters(), config["optimizer"], config["lr"]
+        decay = {"weight_decay": config["weight_decay"]}
+        if name == "sgd":
+            momentum = config["momentum"] if "sgd_with_momentum" in flaws else 0.0
+            optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum, **decay)
+        elif name == "momentum":
+            optimizer = torch.optim.SGD(params, lr=lr, momentum=config["momentum"], **decay)
+        elif name == "adam" or "adamw_is_adam" in flaws:
+            optimizer = torch.optim.Adam(params, lr=lr, **decay)
+        else:
+            optimizer = torch.optim.AdamW(
+                params, lr=lr, **({} if "adamw_default" in flaws else decay)
+            )
+        batches = ref.steps_per_epoch(len(X_train), config["batch_size"])
+        schedule, sched = config["scheduler"], None
+        if schedule == "constant" and "constantlr" in flaws:
+            sched = torch.optim.lr_scheduler.ConstantLR(optimizer)
+        elif schedule == "step":
+            sched = torch.optim.lr_scheduler.StepLR(optimizer, config["step_size"], config["gamma"])
+        elif schedule == "cosine":
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config["epochs"])
+        elif schedule == "onecycle":
+            sched = torch.optim.lr_scheduler.OneCycleLR(
+                optimizer, max_lr=lr, total_steps=config["epochs"] * batches,
+                cycle_momentum="cycle_momentum" in flaws,
+            )  # fmt: skip
+        per_batch = schedule == "onecycle"
+        if "onecycle_per_epoch" in flaws or "epoch_schedules_per_batch" in flaws:
+            per_batch = "epoch_schedules_per_batch" in flaws
+        generator = torch.Generator().manual_seed(config["seed"])
+        dataset = TensorDataset(X_train, y_train)
+        loader = DataLoader(dataset, config["batch_size"], shuffle=True, generator=generator)
+        history, first_order = {"train_loss": [], "val_accuracy": [], "lr": []}, None
+        for epoch in range(config["epochs"]):
+            if epoch == 0 or "train_mode_once" not in flaws:
+                model.train()
+            if "dataloader" in flaws:
+                pairs = list(loader)
+            else:
+                if "global_randperm" in flaws:
+                    order = torch.randperm(len(X_train))
+                elif "same_order" in flaws and first_order is not None:
+                    order = first_order
+                else:
+                    order = torch.randperm(len(X_train), generator=generator)
+                first_order = order
+                cuts = order.to(device).split(config["batch_size"])
+                pairs = [(X_train[cut], y_train[cut]) for cut in cuts]
+            total = 0.0
+            for x, y in pairs:
+                if "no_zero_grad" not in flaws:
+                    optimizer.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                if "lr_after_step" not in flaws:
+                    history["lr"].append(optimizer.param_groups[0]["lr"])
+                optimizer.step()
+                if sched is not None and per_batch:
+                    sched.step()
+                if "lr_after_step" in flaws:
+                    history["lr"].append(optimizer.param_groups[0]["lr"])
+                total += loss.item() * (1 if "unweighted_loss" in flaws else len(x))
+            if sched is not None and not per_batch:
+                sched.step()
+            history["train_loss"].append(
+                total / (len(pairs) if "unweighted_loss" in flaws else len(X_train))
+            )
+            if "no_eval" not in flaws:
+                model.eval()
+            with torch.no_grad():
+                predictions = model(X_val).argmax(dim=1)
+            history["val_accuracy"].append((predictions == y_val).float().mean().item())
+        return history
+
+    return fit
+
+
+FIT_MISTAKES = {
+    "onecycle_per_epoch": (
+        "OneCycleLR plans `total_steps` = epochs × batches optimizer updates, so it steps after "
+        "every `optimizer.step()`. Stepped once per epoch it never leaves its warm-up."
+    ),
+    "epoch_schedules_per_batch": (
+        "StepLR and CosineAnnealingLR count epochs here (`step_size` and `T_max` are in epochs): "
+        "call their `scheduler.step()` once per epoch, after the batch loop, not every batch."
+    ),
+    "cycle_momentum": (
+        "OneCycleLR also cycles the momentum (Adam's beta1) unless you pass "
+        "`cycle_momentum=False`; the spec keeps each optimizer's own momentum."
+    ),
+    "constantlr": (
+        "`ConstantLR()` is not a constant learning rate: by default it multiplies the lr by 1/3 "
+        "for 5 steps. For 'constant', create no scheduler at all."
+    ),
+    "lr_after_step": (
+        "the lr is recorded after `scheduler.step()`: record `optimizer.param_groups[0]['lr']` "
+        "just before `optimizer.step()`, the rate that step used."
+    ),
+    "adamw_default": (
+        "`torch.optim.AdamW` was created without `weight_decay=config['weight_decay']`, so it used "
+        "its default of 0.01."
+    ),
+    "adamw_is_adam": (
+        "'adamw' needs `torch.optim.AdamW`: `Adam(weight_decay=...)` adds the decay to the "
+        "gradient (L2, then normalised away), AdamW shrinks the weights directly (decoupled)."
+    ),
+    "sgd_with_momentum": "'sgd' is plain SGD: only 'momentum' uses `config['momentum']`.",
+    "no_eval": (
+        "validation ran in train mode, so dropout was still dropping units: call `model.eval()` "
+        "before the validation forward pass."
+    ),
+    "train_mode_once": (
+        "after the first validation the model stayed in eval mode, so dropout was off for the "
+        "rest of training: call `model.train()` at the start of every epoch."
+    ),
+    "unweighted_loss": (
+        "train_loss is the mean of the batch means, so the short last batch counts as much as a "
+        "full one: add `loss.item() * len(batch)` and divide by the number of training examples."
+    ),
+    "no_zero_grad": (
+        "`optimizer.zero_grad()` is missing: `.grad` is the sum of every earlier gradient."
+    ),
+    "dataloader": (
+        "a DataLoader with `shuffle=True` draws an extra number from its generator every epoch, "
+        "so its order differs from the spec's: take `torch.randperm(len(X_train), generator=gen)` "
+        "each epoch and cut it into batches."
+    ),
+    "global_randperm": (
+        "the order was drawn from torch's global generator: draw it from "
+        "`gen = torch.Generator().manual_seed(config['seed'])` (the global one also gives dropout "
+        "its masks)."
+    ),
+    "same_order": "the batches came in the same order every epoch: draw a new order per epoch.",
+}
+
+
+FIT = Exercise(
+    grade_id="ch08_fit",
+    function="fit",
+    reference=ref.fit.__wrapped__,
+    cases=fit_cases,
+    observe=observe_fit,
+    label=_label,
+    mistakes=[(message, flawed_fit(flaw)) for flaw, message in FIT_MISTAKES.items()],
+    hint="follow the spec line by line: make_model, the optimizer, the schedule and where it "
+    "steps, one permutation per epoch from `gen`, eval mode for validation.",
+)
+
+
+def check_fit(fit, thorough: bool = False) -> None:
+    """Compare ``fit`` with the reference run by run; name the known mistake it makes, if any."""
+    with torch_threads(1):  # a model this small trains fastest on one thread
+        FIT.check(fit, thorough)
+
+
+# ---------------------------------------------------------------- ch08_arena_config
+
+
+def arena_cases(thorough: bool = False) -> list[dict]:
+    """Seed 0; thorough adds two more seeds that change with every grading run."""
+    if not thorough:
+        return [{"seed": 0}]
+    rng = random.Random(grading_seed())
+    return [{"seed": 0}, *({"seed": s} for s in rng.sample(range(1, 100_000), 2))]
+
+
+def observe_arena_config(fn, case: dict):
+    """What ``make_arena_config()`` returns: the config, run by the grader, not by the answer."""
+    return call_answer("ch08_arena_config", "make_arena_config", fn)
+
+
+def _why_not_reached(config: dict, result: arena.ArenaResult) -> str:
+    """The likeliest reason a config in the search space missed the target, for the message."""
+    full = ref.complete_config(config)
+    lr, planned, budget = full["lr"], result.total_steps, arena.BUDGET_STEPS
+    if result.seed != 0 and arena.run_arena(config, seed=0).steps_to_target is not None:
+        return (
+            f"it reaches 90% with seed 0 but not with seed {result.seed}: the config is on the "
+            "edge. Pick one that reaches 90% well before its last step on several seeds (try "
+            "them with arena.run_arena)."
+        )
+    if planned < budget // 2:
+        return f"the run plans only {planned} steps; the budget allows {budget}."
+    if full["optimizer"] in ("sgd", "momentum"):
+        return (
+            "on this track SGD needs far more than 50 steps at any lr (see the sweep): "
+            "try Adam or AdamW."
+        )
+    if lr > 0.3:
+        return f"lr = {lr:g} is too large: Adam's steps overshoot (the right side of the sweep)."
+    if lr < 0.005:
+        return (
+            f"lr = {lr:g} is too small: each Adam step moves a weight by about lr, so {planned} "
+            f"steps move it by about {planned * lr:.2g} at most."
+        )
+    if full["batch_size"] < 100:
+        return (
+            f"with batch_size {full['batch_size']} each step sees a small, noisy sample: a larger "
+            "batch (even all 300 points) makes each of the 50 steps count for more."
+        )
+    if full["scheduler"] != "constant":
+        return (
+            f"the {full['scheduler']} schedule keeps the lr low for part of a short run: try "
+            "'constant', or a higher lr."
+        )
+    return "look at the sweep and try a few configs in the arena widget before choosing one."
+
+
+@dataclass(frozen=True)
+class ArenaExercise(Exercise):
+    """An exercise judged by running the answer, not by comparing it with a reference."""
+
+    def judge(self, case: dict, got) -> arena.ArenaResult:
+        """Raise a `Mistake` unless the config ``got`` is allowed and reaches 90% with the seed."""
+        problems = arena.config_problems(got, budget=arena.BUDGET_STEPS)
+        if problems:
+            raise Mistake(
+                self.grade_id,
+                "This configuration cannot enter the arena: " + "; ".join(problems) + ".",
+            )
+        with torch_threads(1):
+            result = arena.run_arena(got, seed=case["seed"])
+            if result.steps_to_target is None:
+                raise Mistake(
+                    self.grade_id,
+                    f"With seed {case['seed']}, validation accuracy should reach 90% within the "
+                    f"run's {result.total_steps} steps, but it reached at most "
+                    f"{result.best_accuracy:.0%} (final {result.final_accuracy:.0%}).\n"
+                    f"Likely mistake: {_why_not_reached(got, result)}",
+                )
+        return result
+
+    def check(self, fn, thorough: bool = False) -> list[arena.ArenaResult]:
+        """Judge the config on every case's seed; the arena results, one per seed."""
+        return [self.judge(case, self.observe(fn, case)) for case in self.cases(thorough)]
+
+
+ARENA_CONFIG = ArenaExercise(
+    grade_id="ch08_arena_config",
+    function="make_arena_config",
+    reference=None,
+    cases=arena_cases,
+    observe=observe_arena_config,
+    label=lambda case: f"seed {case['seed']}",
+)
+check_arena_config = ARENA_CONFIG.check
+
+EXERCISES = [FIT, ARENA_CONFIG]

@@ -1,0 +1,233 @@
+"""Chapter 08's checks: correct answers in any style pass; each typical mistake is named."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from forge_course.grader import codec
+from forge_course.grading import Mistake, ch08
+from forge_course.reference import training
+from forge_course.reference.training import make_model, spiral_data, steps_per_epoch
+from tests.answers import ch08 as answers
+
+
+def _define(source: str, name: str):
+    """The function ``name`` defined by an answer cell, run after the notebook's first cell."""
+    namespace = {
+        "torch": torch, "nn": nn, "make_model": make_model, "spiral_data": spiral_data,
+        "steps_per_epoch": steps_per_epoch,
+    }  # fmt: skip
+    exec(compile(source, "<answer>", "exec"), namespace)
+    return namespace[name]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        training.fit.__wrapped__,
+        ch08.flawed_fit(),
+        _define(answers._FIT, "fit"),
+        _define(answers.FIT_OTHER_STYLE, "fit"),
+    ],
+    ids=["reference", "flawless", "plain", "other style"],
+)
+def test_fit_accepts_correct_answers_in_any_style(answer):
+    ch08.check_fit(answer, thorough=True)
+
+
+@pytest.mark.parametrize("flaw", list(ch08.FIT_MISTAKES))
+def test_fit_names_each_known_mistake(flaw):
+    with pytest.raises(Mistake) as caught:
+        ch08.check_fit(ch08.flawed_fit(flaw), thorough=True)
+    assert ch08.FIT_MISTAKES[flaw] in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "flaw",
+    ["onecycle_per_epoch", "epoch_schedules_per_batch", "no_eval", "train_mode_once",
+     "unweighted_loss", "adamw_default", "cycle_momentum", "no_zero_grad", "dataloader"],
+)  # fmt: skip
+def test_the_visible_cases_already_catch_the_common_mistakes(flaw):
+    with pytest.raises(Mistake, match="Likely mistake"):
+        ch08.check_fit(ch08.flawed_fit(flaw))
+
+
+@pytest.mark.parametrize(
+    "source,phrase",
+    [
+        (answers.FIT_ONECYCLE_PER_EPOCH, "never leaves its warm-up"),
+        (answers.FIT_NO_EVAL, "call `model.eval()`"),
+        (answers.FIT_UNWEIGHTED, "the mean of the batch means"),
+        (answers.FIT_ADAMW_DEFAULT, "its default of 0.01"),
+    ],
+)
+def test_the_round_trips_wrong_answers_are_named(source, phrase):
+    with pytest.raises(Mistake, match="Likely mistake") as caught:
+        ch08.check_fit(_define(source, "fit"))
+    assert phrase in str(caught.value)
+
+
+def _returning(history_of):
+    def fit(config, device="cpu"):
+        return history_of(training.fit.__wrapped__(config, device), config)
+
+    return fit
+
+
+@pytest.mark.parametrize(
+    "change,phrase",
+    [
+        (lambda h, c: list(h.values()), "should return a dict"),
+        (lambda h, c: {k: v for k, v in h.items() if k != "lr"}, "missing the key(s) ['lr']"),
+        (lambda h, c: {**h, "train_loss": torch.tensor(h["train_loss"])}, "should be a list"),
+        (lambda h, c: {**h, "train_loss": [torch.tensor(v) for v in h["train_loss"]]},
+         "is a tensor, not a float"),
+        (lambda h, c: {**h, "lr": h["lr"][:: len(h["lr"]) // c["epochs"]]},
+         "should have 15: one per optimizer step"),
+        (lambda h, c: {**h, "val_accuracy": [str(v) for v in h["val_accuracy"]]},
+         "should be a float"),
+    ],
+)  # fmt: skip
+def test_fit_says_what_is_wrong_with_the_history_itself(change, phrase):
+    with pytest.raises(Mistake) as caught:
+        ch08.check_fit(_returning(change))
+    assert phrase in str(caught.value)
+
+
+def test_extra_history_keys_are_allowed():
+    ch08.check_fit(_returning(lambda h, c: {**h, "val_loss": [0.0] * c["epochs"]}))
+
+
+def test_an_unwritten_fit_says_so():
+    def fit(config, device="cpu"):
+        raise NotImplementedError()
+
+    with pytest.raises(Mistake, match="not written yet"):
+        ch08.check_fit(fit)
+
+
+def test_calling_the_reference_or_the_simulator_does_not_score():
+    from forge_course.sims.trainer import Trainer
+
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch08.check_fit(lambda config, device="cpu": training.fit(config, device))
+
+    def through_the_simulator(config, device="cpu"):
+        trainer = Trainer(config, device=device)
+        trainer.run()
+        return {"train_loss": [], "val_accuracy": [], "lr": trainer.history["lr"]}
+
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch08.check_fit(through_the_simulator)
+
+
+def test_observations_survive_the_trip_to_an_isolated_grader():
+    """The grader observes in a worker, sends plain JSON, and judges in its own process."""
+    for exercise, answer in (
+        (ch08.FIT, training.fit.__wrapped__),
+        (ch08.ARENA_CONFIG, _define(answers.ARENA_ADAMW, "make_arena_config")),
+    ):
+        for case in exercise.cases(False) + exercise.cases(True):
+            sent = codec.loads(codec.dumps(exercise.observe(answer, case)))
+            exercise.judge(case, sent)
+    assert [e.grade_id for e in ch08.EXERCISES] == ["ch08_fit", "ch08_arena_config"]
+    assert [e.function for e in ch08.EXERCISES] == ["fit", "make_arena_config"]
+
+
+def test_hidden_cases_cover_every_optimizer_and_schedule_and_follow_the_seed(monkeypatch):
+    monkeypatch.setenv("FORGE_GRADING_SEED", "1")
+    first = ch08.fit_cases(thorough=True)
+    pairs = {(c["optimizer"], c["scheduler"]) for c in first}
+    assert pairs == {(o, s) for o in training.OPTIMIZERS for s in training.SCHEDULERS}
+    assert any(c["dropout"] > 0 for c in first) and all(
+        c["batch_size"] in (32, 64, 128, 200) for c in first
+    )
+    seeds = ch08.arena_cases(thorough=True)
+    monkeypatch.setenv("FORGE_GRADING_SEED", "2")
+    assert ch08.fit_cases(thorough=True) != first and ch08.arena_cases(thorough=True) != seeds
+    assert ch08.fit_cases(thorough=False) == ch08.fit_cases(thorough=False)
+    assert len({c["seed"] for c in seeds}) == 3 and seeds[0] == {"seed": 0}
+
+
+# ---------------------------------------------------------------- ch08_arena_config
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"optimizer": "adam", "lr": 0.05, "batch_size": 300, "epochs": 50},
+        {"optimizer": "adamw", "lr": 0.05, "weight_decay": 0.01, "batch_size": 300, "epochs": 50},
+    ],
+)
+def test_arena_config_accepts_configs_that_reach_the_target(config):
+    results = ch08.check_arena_config(lambda: dict(config), thorough=True)
+    assert len(results) == 3 and all(r.steps_to_target <= 50 for r in results)
+
+
+@pytest.mark.parametrize(
+    "config,phrase",
+    [
+        ({"optimizer": "adam", "lr": 0.01, "batch_size": 32, "epochs": 20}, "over the budget"),
+        ({"optimizer": "rmsprop"}, "optimizer must be one of"),
+        ({"lr": 3.0, "batch_size": 300, "epochs": 50}, "lr must be between"),
+        ({"seed": 7, "batch_size": 300, "epochs": 50}, "remove 'seed'"),
+        ({"optimizer": "sgd", "lr": 0.5, "batch_size": 300, "epochs": 50}, "SGD needs far more"),
+        ({"lr": 1.0, "batch_size": 300, "epochs": 50}, "too large"),
+        ({"lr": 0.002, "batch_size": 300, "epochs": 50}, "too small"),
+        ({"lr": 0.01, "batch_size": 32, "epochs": 5}, "a larger batch"),
+        ({"lr": 0.05, "batch_size": 300, "epochs": 10}, "plans only 10 steps"),
+        ("adam", "should be a dict"),
+    ],
+)
+def test_arena_config_names_what_went_wrong(config, phrase):
+    with pytest.raises(Mistake) as caught:
+        ch08.check_arena_config(lambda: config)
+    assert phrase in str(caught.value)
+
+
+def test_a_config_that_only_works_on_a_lucky_seed_is_caught():
+    lucky = {"optimizer": "adam", "lr": 0.1, "batch_size": 32, "epochs": 5}
+    assert ch08.ARENA_CONFIG.judge({"seed": 0}, lucky).steps_to_target is not None
+    with pytest.raises(Mistake, match="reaches 90% with seed 0 but not with seed 3"):
+        ch08.ARENA_CONFIG.judge({"seed": 3}, lucky)
+
+
+def test_an_unwritten_arena_config_says_so():
+    def make_arena_config():
+        raise NotImplementedError()
+
+    with pytest.raises(Mistake, match="not written yet"):
+        ch08.check_arena_config(make_arena_config)
+
+
+def test_searching_with_the_arena_inside_the_answer_does_not_score():
+    caller = _define(answers.REFERENCE_CALLER["ch08_arena_config"], "make_arena_config")
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch08.check_arena_config(caller)
+
+
+# ---------------------------------------------------------------- the questions' answers
+
+
+def test_steplr_question_counts_three_changes_with_torch():
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    used = []
+    for _ in range(12):
+        used += [optimizer.param_groups[0]["lr"]] * 10
+        optimizer.step()
+        scheduler.step()
+    changes = sum(a != b for a, b in zip(used, used[1:]))
+    assert changes == 3 and optimizer.param_groups[0]["lr"] == 0.1 * 0.5**4
+
+
+def test_adam_question_first_step_is_the_learning_rate():
+    w = nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    optimizer = torch.optim.Adam([w], lr=0.01)
+    w.grad = torch.tensor([250.0], dtype=torch.float64)
+    optimizer.step()
+    assert math.isclose(-w.item(), 0.01, rel_tol=1e-9)
+    without_correction = 0.01 * (0.1 * 250) / math.sqrt(0.001 * 250**2)
+    assert math.isclose(without_correction, 0.0316227766, rel_tol=1e-9)
