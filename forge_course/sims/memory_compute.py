@@ -1,0 +1,172 @@
+"""Memory vs compute: how many checkpoint segments, measured on this device.
+
+The engine, `measure`, runs one training step (forward, backward) of an ``N``-block MLP with
+``k`` checkpoint segments and returns what it cost: the bytes kept for backward at the end of
+the forward pass (counted exactly by `saved_activation_bytes`), the bytes held at worst during
+backward (those, plus the largest segment's activations while it is recomputed), and the
+fastest of a few timed steps (on a shared machine, the slower ones measure the neighbours).
+Results are cached, so a slider that revisits a choice answers at once.
+`draw` plots bytes and time against ``k``; `memory_compute_view` wires both to a slider.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
+
+from forge_course.reference.checkpointing import checkpointed_forward, segment_sizes
+from forge_course.reference.memory import saved_activation_bytes
+from forge_course.sims.display import PALETTE, show
+
+__all__ = ["Measurement", "make_blocks", "measure", "measure_all", "draw", "memory_compute_view"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One segment count's cost. ``segments == 0`` stands for the plain, uncheckpointed forward."""
+
+    segments: int
+    saved_bytes: int  # kept for backward when the forward pass ends
+    peak_bytes: int  # saved_bytes plus one recomputed segment: the most held during backward
+    ms_per_step: float  # fastest wall time of forward + backward, in milliseconds
+
+
+def make_blocks(n_layers: int, width: int, seed: int = 0) -> torch.nn.ModuleList:
+    """``n_layers`` blocks ``Linear(width, 4·width) → GELU → Linear(4·width, width)``."""
+    torch.manual_seed(seed)
+    return torch.nn.ModuleList(
+        torch.nn.Sequential(
+            torch.nn.Linear(width, 4 * width),
+            torch.nn.GELU(),
+            torch.nn.Linear(4 * width, width),
+        )
+        for _ in range(n_layers)
+    )
+
+
+def _plain(layers, x):
+    for layer in layers:
+        x = layer(x)
+    return x
+
+
+@functools.cache
+def _setup(n_layers: int, width: int, batch: int, device: str):
+    layers = make_blocks(n_layers, width).to(device)
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(1)).to(device)
+    return layers, x
+
+
+def measure(
+    segments: int,
+    n_layers: int = 16,
+    width: int = 64,
+    batch: int = 64,
+    device: str = "cpu",
+    repeats: int = 7,
+) -> Measurement:
+    """Measure one training step of the block stack with ``segments`` checkpoint segments.
+
+    Args:
+        segments: 0 for the plain forward, else 1 … ``n_layers``.
+        n_layers, width, batch: the stack (`make_blocks`) and the input batch.
+        device: where to run, as a string (it is part of the cache key).
+        repeats: the time is the fastest of this many steps, after one warm-up step.
+
+    Returns:
+        A `Measurement`. Bytes are exact and the same on every device; times are this machine's.
+    """
+    # One cache key per configuration, however the arguments were spelled.
+    return _measure(segments, n_layers, width, batch, device, repeats)
+
+
+@functools.cache
+def _measure(
+    segments: int, n_layers: int, width: int, batch: int, device: str, repeats: int
+) -> Measurement:
+    layers, x = _setup(n_layers, width, batch, device)
+    if segments == 0:
+        forward = _plain
+        saved = saved_activation_bytes(_plain, layers, x)
+        peak = saved
+    else:
+        forward = functools.partial(checkpointed_forward.__wrapped__, segments=segments)
+        saved = saved_activation_bytes(forward, layers, x)
+        longest = max(segment_sizes(n_layers, segments))
+        # While the longest segment is recomputed, its activations join the kept inputs; its
+        # own input is one of those already, so it is not counted twice.
+        recomputed = saved_activation_bytes(_plain, layers[:longest], x)
+        peak = saved + recomputed - x.untyped_storage().nbytes()
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        forward(layers, x).square().mean().backward()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        layers.zero_grad()
+    return Measurement(segments, saved, peak, min(times[1:]) * 1e3)
+
+
+def measure_all(n_layers: int = 16, **kwargs) -> list[Measurement]:
+    """`measure` for the plain forward (first) and for every segment count 1 … ``n_layers``."""
+    return [measure(k, n_layers=n_layers, **kwargs) for k in range(n_layers + 1)]
+
+
+def draw(measurements: list[Measurement], current: int):
+    """Bytes (left) and time per step (right) against the segment count; ``current`` marked."""
+    plain, rest = measurements[0], measurements[1:]
+    ks = [m.segments for m in rest]
+    chosen = next(m for m in rest if m.segments == current)
+    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(11, 3.8))
+    kib = 1024
+    ax_mem.axhline(
+        plain.saved_bytes / kib, color=PALETTE["grey"], ls="--", label="no checkpointing"
+    )
+    ax_mem.plot(ks, [m.saved_bytes / kib for m in rest], "o-", color=PALETTE["blue"],
+                label="kept after forward (measured)")  # fmt: skip
+    ax_mem.plot(ks, [m.peak_bytes / kib for m in rest], "s-", color=PALETTE["orange"],
+                label="held during backward, at worst")  # fmt: skip
+    ax_mem.plot([current] * 2, [chosen.saved_bytes / kib, chosen.peak_bytes / kib], "o", ms=12,
+                mfc="none", mec=PALETTE["vermillion"], mew=2.5, label=f"k = {current}")  # fmt: skip
+    ax_mem.set(xlabel="checkpoint segments k", ylabel="activation memory (KiB)",
+               title=f"k = {current}: at worst {chosen.peak_bytes / plain.saved_bytes:.0%} of the "
+               "plain forward's memory")  # fmt: skip
+    ax_mem.legend(fontsize=8)
+    ax_time.axhline(plain.ms_per_step, color=PALETTE["grey"], ls="--", label="no checkpointing")
+    ax_time.plot(ks, [m.ms_per_step for m in rest], "o-", color=PALETTE["green"],
+                 label="with k segments")  # fmt: skip
+    ax_time.plot([current], [chosen.ms_per_step], "o", ms=12, mfc="none",
+                 mec=PALETTE["vermillion"], mew=2.5)  # fmt: skip
+    ax_time.set(xlabel="checkpoint segments k", ylabel="forward + backward (ms, fastest)",
+                title=f"k = {current}: {chosen.ms_per_step / plain.ms_per_step:.2f}× the plain "
+                "step's time")  # fmt: skip
+    ax_time.set_ylim(bottom=0)
+    ax_time.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def memory_compute_view(n_layers: int = 16, segments: int = 4, **kwargs) -> None:
+    """A slider for the segment count over `draw`; every choice is measured once, up front."""
+    import ipywidgets as widgets
+
+    measurements = measure_all(n_layers, **kwargs)
+    slider = widgets.IntSlider(segments, 1, n_layers, description="segments k")
+    out = widgets.Output()
+
+    def redraw(*_):
+        with out:
+            out.clear_output(wait=True)
+            fig = draw(measurements, slider.value)
+            display(fig)
+            plt.close(fig)
+
+    slider.observe(redraw, "value")
+    redraw()
+    show(widgets.VBox([slider, out]), draw(measurements, segments))

@@ -1,0 +1,953 @@
+# %% [markdown]
+# # Chapter 10 · Scaling on one device
+#
+# A model that trains well on a small batch often has to grow: a bigger batch, a deeper
+# network, more steps in the same hour. Before reaching for a second device there are four
+# tools that change what one device can do, each with a price: **gradient accumulation**
+# (a big batch in small pieces, paid for in time), **mixed precision** (16-bit arithmetic,
+# paid for in precision), **gradient checkpointing** (less memory, paid for in recomputation),
+# and **`torch.compile`** (faster steps, paid for in compile time). This chapter measures each
+# one on the machine you are using, because each one's famous number ("2× faster", "60% less
+# memory") is true only on some machines and for some models.
+#
+# **By the end of this chapter you can:**
+#
+# 1. write gradient accumulation that gives exactly the big batch's update, with an uneven last
+#    micro-batch and gradient clipping, and say why it cannot be exact with BatchNorm;
+# 2. say which operations autocast runs in 16 bits on your device, show a small gradient
+#    vanishing in float16 and surviving with a `GradScaler`, and pick the dtype and scaler per
+#    device;
+# 3. checkpoint a stack of layers in segments, count the bytes it keeps for backward, and time
+#    what the recomputation costs;
+# 4. measure what `torch.compile` costs on the first call and saves afterwards, and find a
+#    graph break with `torch._dynamo.explain`.
+
+# %%
+# Settings for this chapter: change them and run the notebook again.
+SEED = 0  # every random number below follows from this seed
+THREADS = 1  # CPU threads for torch: on a shared 2-core machine, more threads time the neighbours
+MICRO_SIZES = [32, 32, 32, 4]  # the running batch of 100 examples, split as a DataLoader would
+IN_FEATURES = 8  # inputs per example in the accumulation examples
+N_BLOCKS = 16  # blocks in the deep running example (checkpointing, AMP, compile)
+WIDTH = 64  # each block is Linear(WIDTH, 4·WIDTH) → GELU → Linear(4·WIDTH, WIDTH)
+BATCH = 64  # examples per batch in the deep running example
+TIMING_REPEATS = 7  # a timing is the fastest of this many runs, after one warm-up
+COMPILE_BUDGET_S = 25  # the torch.compile demo is stopped after this many seconds
+
+import json
+import logging
+import math
+import subprocess
+import sys
+import time
+
+import matplotlib.pyplot as plt
+import torch
+from torch import nn
+
+from forge_course import pick_device
+from forge_course.device import describe
+from forge_course.reference import accumulation as ref_acc
+from forge_course.reference import amp as ref_amp
+from forge_course.reference import checkpointing as ref_ckpt
+from forge_course.reference.memory import saved_activation_bytes
+from forge_course.sims.display import PALETTE
+
+device = pick_device()
+torch.set_num_threads(THREADS)
+torch.manual_seed(SEED)
+print("Running on", describe(device))
+
+
+def fastest_ms(fn, repeats=TIMING_REPEATS):
+    """The fastest of `repeats` calls of fn(), in milliseconds, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+# %% [markdown]
+# ## 1 · Gradient accumulation
+#
+# Activation memory grows with the batch. When 100 examples do not fit at once, run them in
+# *micro-batches*: forward and backward on each in turn, let `.grad` add up (backward always
+# adds), and make **one** optimizer step at the end. Only one micro-batch's activations are
+# alive at any moment.
+#
+# For that one step to be the big batch's step, the gradients must add up to the big batch's
+# gradient. The big batch's loss is the mean over its $N$ examples. Split into micro-batches of
+# sizes $n_1, \dots, n_K$ whose mean losses are $L_1, \dots, L_K$, that mean is
+#
+# $$L = \frac{1}{N}\sum_{\text{all examples}} \ell = \sum_{i=1}^{K} \frac{n_i}{N}\, L_i ,$$
+#
+# and since the gradient of a sum is the sum of the gradients, backpropagating
+# $\frac{n_i}{N} L_i$ for each micro-batch leaves exactly $\nabla L$ in `.grad`. The common
+# recipe `loss / K` is the special case where every $n_i = N / K$.
+#
+# ### By hand: the running batch `[32, 32, 32, 4]`
+#
+# $N = 32 + 32 + 32 + 4 = 100$. The right weights are $n_i / N = 0.32,\ 0.32,\ 0.32,\ 0.04$
+# (they add up to 1). Each example's share of the loss is its micro-batch's weight divided by
+# the micro-batch's size: $0.32 / 32 = 0.01$ and $0.04 / 4 = 0.01$, so every example gets
+# $1/100$, as in the big batch.
+#
+# With `loss / K` every micro-batch gets $1/4 = 0.25$. An example in a full micro-batch then
+# gets $0.25 / 32 = 0.0078125$, and one of the last 4 gets $0.25 / 4 = 0.0625$: $6.25$ times
+# its fair share, and $8$ times as much as any of the other 96. The next cell checks these
+# numbers.
+
+# %%
+N = sum(MICRO_SIZES)
+right = [n / N for n in MICRO_SIZES]
+one_over_k = [1 / len(MICRO_SIZES)] * len(MICRO_SIZES)
+per_example_right = [w / n for w, n in zip(right, MICRO_SIZES)]
+per_example_k = [w / n for w, n in zip(one_over_k, MICRO_SIZES)]
+assert N == 100 and right == [0.32, 0.32, 0.32, 0.04] and math.isclose(sum(right), 1)
+assert all(math.isclose(w, 0.01) for w in per_example_right)
+assert per_example_k == [0.0078125] * 3 + [0.0625]
+assert math.isclose(per_example_k[-1] / 0.01, 6.25) and per_example_k[-1] / per_example_k[0] == 8
+print("n_i/N weights:       ", right, "→ every example gets", per_example_right[0])
+print("1/K weights:         ", one_over_k, "→ per example", per_example_k)
+
+fig, ax = plt.subplots(figsize=(9, 3))
+index = torch.arange(N)
+ax.step(index, [w for w, n in zip(per_example_k, MICRO_SIZES) for _ in range(n)], where="mid",
+        color=PALETTE["vermillion"], label="loss / K")  # fmt: skip
+ax.step(index, [w for w, n in zip(per_example_right, MICRO_SIZES) for _ in range(n)],
+        where="mid", color=PALETTE["blue"], label="loss · n_i / N")  # fmt: skip
+ax.set(xlabel="example (micro-batches of 32, 32, 32, 4)", ylabel="share of the loss",
+       title="Each example's weight in the accumulated gradient")  # fmt: skip
+ax.legend()
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# *Alt text: a step plot over the 100 examples. The blue line (n_i/N weights) is flat at 0.01.
+# The vermillion line (1/K weights) sits at 0.0078 for the first 96 examples and jumps to
+# 0.0625 for the last 4.*
+#
+# ### Checked against one big batch
+#
+# The running model is a small MLP (8 → 32 → 1, Tanh) for regression, in float64 so that
+# rounding cannot hide a real difference. The next cell makes one SGD step with momentum on
+# all 100 examples at once, and the same step from the four micro-batches, with the course's
+# reference `accumulate_step` (`forge_course.reference.accumulation`) and with the `loss / K`
+# version. The printed numbers are the largest difference in any parameter after the step.
+
+
+# %%
+def make_regressor(seed=SEED, batchnorm=False):
+    torch.manual_seed(seed)
+    layers = [nn.Linear(IN_FEATURES, 32)]
+    layers += [nn.BatchNorm1d(32)] if batchnorm else []
+    layers += [nn.Tanh(), nn.Linear(32, 1)]
+    return nn.Sequential(*layers).double().to(device)
+
+
+gen = torch.Generator().manual_seed(SEED)
+x_all = torch.randn(N, IN_FEATURES, generator=gen, dtype=torch.float64)
+y_all = x_all[:, :1].sin() + 0.1 * torch.randn(N, 1, generator=gen, dtype=torch.float64)
+x_all, y_all = x_all.to(device), y_all.to(device)
+micro = list(zip(x_all.split(MICRO_SIZES), y_all.split(MICRO_SIZES)))
+loss_fn = nn.MSELoss()
+
+
+def big_batch_step(model, max_grad_norm=None):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer.zero_grad()
+    loss = loss_fn(model(x_all), y_all)
+    loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item()
+
+
+def variant_step(model, weights, max_grad_norm=None, clip_each=False):
+    """Accumulation with the given per-micro-batch weights; clip_each clips inside the loop."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer.zero_grad()
+    for (x, y), weight in zip(micro, weights):
+        (loss_fn(model(x), y) * weight).backward()
+        if clip_each:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if max_grad_norm is not None and not clip_each:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+
+
+def accumulated_step(model, max_grad_norm=None):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return ref_acc.accumulate_step(model, optimizer, loss_fn, micro, max_grad_norm)
+
+
+def max_param_difference(a, b):
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+big, acc, by_k = make_regressor(), make_regressor(), make_regressor()
+big_loss = big_batch_step(big)
+acc_loss = accumulated_step(acc)
+variant_step(by_k, one_over_k)
+print(f"loss of the big batch {big_loss:.12f}, returned by accumulate_step {acc_loss:.12f}")
+print(f"largest parameter difference from the big batch, n_i/N weights: "
+      f"{max_param_difference(big, acc):.1e}")  # fmt: skip
+print(f"largest parameter difference from the big batch, 1/K weights:   "
+      f"{max_param_difference(big, by_k):.1e}")  # fmt: skip
+
+# %% [markdown]
+# The $n_i / N$ version agrees with the big batch to the last few bits of float64 (the sums
+# are added in a different order, nothing more); the $1/K$ version is off by far more than
+# rounding after a single step. Both losses printed are the mean over all 100
+# examples: `accumulate_step` weights each micro-batch's loss by $n_i / N$ as well, so a
+# logged loss means the same thing whatever the split.
+#
+# ### Clip once, after the last micro-batch
+#
+# `clip_grad_norm_` scales the whole gradient down when its norm is above a threshold. After
+# accumulation, `.grad` holds the big batch's gradient only once the last micro-batch's
+# backward has run, so that is when to clip: once, just before `optimizer.step()`. Clipping
+# inside the loop clips partial sums, and the result is a different update. The next cell
+# clips at 0.05 (below this gradient's norm, so clipping acts) three ways: the big batch,
+# accumulation clipped once, and accumulation (with the right $n_i / N$ weights) clipped
+# after every micro-batch.
+
+# %%
+CLIP = 0.05
+probe = make_regressor()
+loss_fn(probe(x_all), y_all).backward()
+grad_norm = torch.cat([p.grad.flatten() for p in probe.parameters()]).norm().item()
+print(f"the big batch's gradient norm is {grad_norm:.4f}; clipping to {CLIP}")
+assert grad_norm > CLIP
+
+big_c, acc_c, each_c = make_regressor(), make_regressor(), make_regressor()
+big_batch_step(big_c, CLIP)
+accumulated_step(acc_c, CLIP)
+variant_step(each_c, right, CLIP, clip_each=True)
+print(f"clipped once, after accumulating:   difference {max_param_difference(big_c, acc_c):.1e}")
+print(f"clipped after every micro-batch:    difference {max_param_difference(big_c, each_c):.1e}")
+
+# %% [markdown]
+# ### The BatchNorm caveat
+#
+# The equivalence rests on one fact: each example's loss depends only on that example. A
+# `BatchNorm` layer breaks it in training mode: it normalises every example with the mean and
+# variance *of its micro-batch*, so an example's output depends on which other examples share
+# its micro-batch. Accumulation then computes a different function, not just the same sum in
+# pieces. The next cell adds `BatchNorm1d(32)` after the first layer and compares the
+# accumulated gradient with the big batch's, for the plain model and the BatchNorm model.
+
+
+# %%
+def gradient(model, batches):
+    model.zero_grad()
+    total = sum(len(x) for x, _ in batches)
+    for x, y in batches:
+        (loss_fn(model(x), y) * len(x) / total).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+for name, batchnorm in (("no batch statistics", False), ("with BatchNorm1d", True)):
+    model = make_regressor(batchnorm=batchnorm)
+    whole = gradient(model, [(x_all, y_all)])
+    pieces = gradient(model, micro)
+    gap = (whole - pieces).abs().max().item()
+    print(f"{name:20} largest gradient difference {gap:.1e} "
+          f"(gradient entries up to {whole.abs().max().item():.2f})")  # fmt: skip
+
+# %% [markdown]
+# Without batch statistics the difference is rounding; with BatchNorm it is a different
+# gradient. The usual answers: accept the approximation (with micro-batches of 32 the
+# statistics are already decent), or use a normalisation that looks at one example at a time
+# (`LayerNorm`, `GroupNorm`), which accumulation reproduces exactly.
+#
+# ## Exercise 1 · `ch10_accumulate_step`: one update from several micro-batches
+#
+# Write `accumulate_step(model, optimizer, loss_fn, micro_batches, max_grad_norm=None)`:
+#
+# * `micro_batches` is a list of `(x, y)` pairs, of possibly different sizes; `loss_fn`
+#   returns a batch's mean loss;
+# * the parameters after the call must equal one step on all the examples at once: clear the
+#   gradients, backpropagate each micro-batch's loss weighted by $n_i / N$, clip the total
+#   gradient norm to `max_grad_norm` once (when it is given), and step once;
+# * return the mean loss over all $N$ examples as a Python float.
+#
+# The check calls it twice in a row and compares what it returns and every parameter with the
+# reference; the hidden check adds other splits, clipping, AdamW, float64 and every device.
+
+
+# %% nbgrader={"grade_id": "ch10_accumulate_step", "solution": true}
+def accumulate_step(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    ### BEGIN SOLUTION
+    total = sum(len(x) for x, _ in micro_batches)
+    optimizer.zero_grad()
+    loss_sum = 0.0
+    for x, y in micro_batches:
+        loss = loss_fn(model(x), y)
+        (loss * (len(x) / total)).backward()
+        loss_sum += loss.item() * len(x)
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss_sum / total
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "ch10_accumulate_step_tests", "grade": true, "points": 3}
+# Visible tests: micro-batches of 6, 6, 6 and 2 examples, SGD with momentum, with and
+# without clipping, on the CPU; two calls in a row.
+from forge_course.grading import ch10
+
+ch10.check_accumulate_step(accumulate_step)
+print("accumulate_step: the big batch's update and loss, clipped once, with an uneven tail.")
+### BEGIN HIDDEN TESTS
+ch10.check_accumulate_step(accumulate_step, thorough=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 2 · Automatic mixed precision
+#
+# Under `torch.autocast(device_type, dtype=...)` each operation chooses its own precision:
+# autocast keeps per-device lists of operations that are safe and fast in 16 bits (matrix
+# multiplications, convolutions) and of operations that need float32 (losses, and on some
+# devices softmax and reductions). Everything else runs in whatever type its inputs have. The
+# parameters stay float32 and so does the optimizer's update: never call `model.half()` for
+# AMP.
+#
+# The lists differ between devices, so rather than copy a table from the documentation, the
+# next cell asks this device. Each operation runs twice under autocast: once on float32 inputs
+# and once on the 16-bit output of a matmul.
+
+# %%
+low = ref_amp.autocast_dtype(device)  # float16 on CUDA and MPS, bfloat16 on the CPU
+a = torch.randn(8, 8, device=device)
+target = torch.zeros(8, dtype=torch.long, device=device)
+ops = {
+    "a @ b (matmul)": lambda t: t @ t,
+    "F.linear": lambda t: nn.functional.linear(t, t),
+    "relu": torch.relu,
+    "exp": torch.exp,
+    "softmax": lambda t: torch.softmax(t, -1),
+    "log_softmax": lambda t: torch.log_softmax(t, -1),
+    "sum": torch.sum,
+    "mean": torch.mean,
+    "layer_norm": lambda t: nn.functional.layer_norm(t, (8,)),
+    "t + float32 tensor": lambda t: t + a,
+    "mse_loss": lambda t: nn.functional.mse_loss(t, a),
+    "cross_entropy": lambda t: nn.functional.cross_entropy(t, target),
+}
+print(f"autocast on {device.type} with dtype {low}:")
+print(f"{'operation':22} {'float32 input':>16} {'16-bit input':>16}")
+with torch.autocast(device.type, dtype=low):
+    half = a @ a
+    assert half.dtype == low
+    for name, op in ops.items():
+        print(f"{name:22} {str(op(a).dtype):>16} {str(op(half).dtype):>16}")
+
+# %% [markdown]
+# Read the table column by column. With float32 inputs, only the operations on autocast's
+# low-precision list come out in 16 bits; the losses come out in float32. With a 16-bit input,
+# operations on no list simply keep the input's type, which is why the output of a matmul
+# stays 16-bit through the activations that follow it, until a loss or a float32 operand
+# brings it back. (On CUDA, softmax and sums are on the float32 list; on the CPU they are not,
+# as the table shows if you are on a CPU.)
+#
+# ### float16 underflow, and the scaler that prevents it
+#
+# float16 has 5 exponent bits. Its smallest positive number is a subnormal,
+# $2^{-24} \approx 5.96 \times 10^{-8}$, and its smallest normal number is
+# $2^{-14} \approx 6.10 \times 10^{-5}$. A value below half the smallest subnormal,
+# $2^{-25} \approx 2.98 \times 10^{-8}$, rounds to 0. Gradients of $10^{-8}$ are common in a
+# deep network, and in float16 they vanish: **$10^{-8} \to 0$**.
+#
+# A `GradScaler` multiplies the loss by a scale $S$ (65536 to start) before backward, so every
+# gradient is $S$ times larger: $10^{-8} \times 65536 = 6.5536 \times 10^{-4}$, well above
+# $2^{-14}$, so it is stored as a normal float16 number with about 3 significant digits. Before
+# the step, the scaler divides by $S$ again, in float32, which gives back
+# $\approx 10^{-8}$, off by at most float16's relative rounding, $2^{-11} \approx 0.05\%$.
+#
+# bfloat16 has float32's 8 exponent bits: it reaches down to about $10^{-38}$, and $10^{-8}$
+# survives with no scaling at all (with bfloat16's 2 to 3 significant digits). That is why
+# bfloat16 needs no scaler. The next cell checks each number, on any device.
+
+# %%
+g = torch.tensor(1e-8)
+S = 65536.0
+assert torch.finfo(torch.float16).smallest_normal * 2.0**-10 == 2.0**-24
+assert torch.finfo(torch.float16).smallest_normal == 2.0**-14
+assert math.isclose(1e-8 * S, 6.5536e-4)
+as_fp16 = g.half().item()
+scaled_fp16 = (g * S).half()
+recovered = (scaled_fp16.float() / S).item()
+as_bf16 = g.bfloat16().item()
+assert as_fp16 == 0.0
+assert scaled_fp16.item() >= 2.0**-14 and abs(recovered - 1e-8) / 1e-8 < 2.0**-11
+assert abs(as_bf16 - 1e-8) / 1e-8 < 2.0**-8
+print(f"1e-8 in float16:                      {as_fp16}")
+print(f"1e-8 × 65536 in float16:              {scaled_fp16.item():.6e}")
+print(f"... divided by 65536 again (float32): {recovered:.6e}")
+print(f"1e-8 in bfloat16, no scaling:         {as_bf16:.6e}")
+
+# %% [markdown]
+# ### When the scale is too large: skipped steps
+#
+# Scaling can overshoot: a gradient times $S$ may overflow float16 (its largest value is
+# 65504) to `inf`. `scaler.step(optimizer)` checks every gradient first and, if one is `inf` or
+# `nan`, **skips the update**; `scaler.update()` then halves $S$. After 2000 clean steps in a
+# row it doubles $S$ again, so the scale settles just below where overflow begins. The next
+# cell forces an `inf` gradient with a hook and watches a CPU `GradScaler` (it exists on every
+# device) refuse the step.
+
+# %%
+torch.manual_seed(SEED)
+tiny = nn.Linear(4, 1).to(device)
+before = tiny.weight.detach().clone()
+optimizer = torch.optim.SGD(tiny.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler(device.type)
+hook = tiny.weight.register_hook(lambda grad: torch.full_like(grad, math.inf))  # a fake overflow
+scale_before = scaler.get_scale()
+scaler.scale(tiny(torch.ones(2, 4, device=device)).pow(2).mean()).backward()
+scaler.step(optimizer)
+scaler.update()
+hook.remove()
+skipped = ref_amp.step_was_skipped(scaler, scale_before)
+assert skipped and torch.equal(tiny.weight, before) and scaler.get_scale() == scale_before / 2
+print(f"scale {scale_before:.0f} → {scaler.get_scale():.0f}; update skipped: {skipped}; "
+      f"weights unchanged: {torch.equal(tiny.weight, before)}")  # fmt: skip
+print(f"the scaler this device needs for {low}: {ref_amp.make_scaler(device)}")
+
+# %% [markdown]
+# So the rule is short: **float16 needs a `GradScaler`; bfloat16 does not.** Autocast's default
+# is float16 on CUDA and Apple MPS and bfloat16 on the CPU. Using a scaler with bfloat16 does
+# no harm to the numbers, but it is dead weight, and copying such a script to float16 without
+# understanding which half mattered is how runs lose their gradients.
+#
+# ### Is it faster here? Does it save memory?
+#
+# The promise is "twice as fast, half the memory". The speed comes from hardware with fast
+# 16-bit matrix units (tensor cores on recent NVIDIA GPUs, bfloat16 instructions on some
+# CPUs); the memory from activations saved in 16 bits. The next cell measures both on the
+# deep running example: 16 blocks of `Linear(64, 256) → GELU → Linear(256, 64)`, one
+# forward and backward pass. Memory is the bytes saved for backward, counted exactly with
+# `saved_activation_bytes`; time is the fastest of `TIMING_REPEATS` runs.
+
+# %%
+from forge_course.sims.memory_compute import make_blocks
+
+blocks = make_blocks(N_BLOCKS, WIDTH, seed=SEED).to(device)
+stack = nn.Sequential(*blocks)
+
+
+def forward_backward(batch, amp):
+    with torch.autocast(device.type, dtype=low, enabled=amp):
+        loss = stack(batch).float().square().mean()
+    loss.backward()
+    stack.zero_grad()
+
+
+amp_rows = {}
+for batch_size in (BATCH, 16 * BATCH):
+    xb = torch.randn(batch_size, WIDTH, generator=torch.Generator().manual_seed(SEED)).to(device)
+    for amp in (False, True):
+        with torch.autocast(device.type, dtype=low, enabled=amp):
+            kept = saved_activation_bytes(stack, xb)
+        ms = fastest_ms(lambda xb=xb, amp=amp: forward_backward(xb, amp))
+        amp_rows[(batch_size, amp)] = (kept, ms)
+        label = f"autocast {str(low)[6:]}" if amp else "float32"
+        print(f"batch {batch_size:5}, {label:18}: {kept / 2**20:6.2f} MiB kept, {ms:7.2f} ms/step")
+
+fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 3.4))
+names = [f"batch {b}" for b in (BATCH, 16 * BATCH)]
+pos = torch.arange(2).float()
+for offset, amp, colour in ((-0.2, False, PALETTE["blue"]), (0.2, True, PALETTE["orange"])):
+    label = f"autocast {str(low)[6:]}" if amp else "float32"
+    values = [amp_rows[(b, amp)] for b in (BATCH, 16 * BATCH)]
+    ax_t.bar(pos + offset, [v[1] for v in values], 0.4, color=colour, label=label)
+    ax_m.bar(pos + offset, [v[0] / 2**20 for v in values], 0.4, color=colour, label=label)
+ax_t.set_xticks(pos.tolist(), names)
+ax_m.set_xticks(pos.tolist(), names)
+ax_t.set(ylabel="forward + backward (ms, fastest)", title=f"Speed on {device.type}")
+ax_m.set(ylabel="kept for backward (MiB)", title="Activation memory (exact count)")
+ax_t.legend(fontsize=8)
+ax_m.legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+speedup = {b: amp_rows[(b, False)][1] / amp_rows[(b, True)][1] for b in (BATCH, 16 * BATCH)}
+saving = {b: 1 - amp_rows[(b, True)][0] / amp_rows[(b, False)][0] for b in (BATCH, 16 * BATCH)}
+for b in (BATCH, 16 * BATCH):
+    verdict = "faster" if speedup[b] > 1.1 else "not faster" if speedup[b] > 0.9 else "slower"
+    print(f"batch {b}: autocast is {verdict} here ({speedup[b]:.2f}× the float32 speed) and "
+          f"keeps {saving[b]:.0%} fewer bytes for backward.")  # fmt: skip
+
+# %% [markdown]
+# *Alt text: two bar charts, float32 (blue) against autocast (orange) at batch 64 and 1024.
+# Left, milliseconds per forward and backward pass on this device; right, MiB kept for
+# backward. The printed lines under the figure give the measured ratios.*
+#
+# What this shows, honestly, is this machine and nothing more. Read the two printed verdicts.
+# Autocast adds work: before every matmul it converts the operands (the weights included) to
+# 16 bits. It saves work where the hardware has fast 16-bit arithmetic, and where halving the
+# bytes moved through memory matters, which grows with the batch. On a small batch the
+# conversions can dominate, so autocast may well be slower there even when it wins on a large
+# one; on a CPU without 16-bit instructions there may be no win at all. The memory column
+# follows the same logic: autocast also keeps bfloat16 *copies of the weights* for backward,
+# which at batch 64 are much of what is kept, so the saving there is far from half; at batch
+# 1024 the activations dominate and it comes close to half. On a GPU with tensor cores, large
+# float16 or bfloat16 matmuls run several times faster than float32 ones; measure on yours
+# before you believe any "2×".
+#
+# ## Exercise 2 · `ch10_amp_step`: a mixed-precision step that fits the device
+#
+# Write `amp_train_step(model, optimizer, loss_fn, x, y, scaler=None)`:
+#
+# * clear the gradients, then run the forward pass **and the loss** under `torch.autocast` on
+#   `x`'s device type, with bfloat16 on the CPU and float16 on CUDA and MPS;
+# * without a scaler: `loss.backward()` and `optimizer.step()`;
+# * with a scaler (whoever calls you created it once, with `torch.amp.GradScaler(...)`): scale
+#   the loss before backward, let the scaler make the step, and update the scaler;
+# * return the loss as a Python float.
+#
+# The check runs two steps on the CPU (bfloat16, no scaler) and compares the model's output
+# dtype, the returned loss and the parameters (at bfloat16 precision) with the reference. The
+# hidden check adds AdamW, a scaler passed on the CPU, a gradient that overflows (the step
+# must be skipped and the scale halved), and every device.
+
+
+# %% nbgrader={"grade_id": "ch10_amp_step", "solution": true}
+def amp_train_step(model, optimizer, loss_fn, x, y, scaler=None):
+    ### BEGIN SOLUTION
+    dtype = torch.bfloat16 if x.device.type == "cpu" else torch.float16
+    optimizer.zero_grad()
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = loss_fn(model(x), y)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return loss.item()
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "ch10_amp_step_tests", "grade": true, "points": 3}
+# Visible tests: a small classifier on the CPU, SGD with momentum, no scaler; two steps.
+from forge_course.grading import ch10
+
+ch10.check_amp_step(amp_train_step)
+print("amp_train_step: bfloat16 forward on the CPU, float32 weights, the reference's update.")
+### BEGIN HIDDEN TESTS
+ch10.check_amp_step(amp_train_step, thorough=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3 · Gradient checkpointing
+#
+# A forward pass keeps, for backward, every tensor some gradient will need. In one block of
+# the deep running example, `Linear(64, 256) → GELU → Linear(256, 64)`, that is three
+# tensors: the block's input (the first linear's weight gradient needs it), GELU's input (its
+# derivative depends on it) and GELU's output (the second linear's input). Checkpointing cuts
+# the stack into *segments* and keeps only each segment's input; when backward reaches a
+# segment, it runs that segment's forward again, keeping its activations this time, and
+# backpropagates through it straight away.
+#
+# ### By hand: what the forward pass keeps
+#
+# With a batch of 64 in float32 (4 bytes), one block keeps
+# $64 \times (64 + 256 + 256) \times 4 = 147{,}456$ bytes, and the 16 blocks keep
+# $16 \times 147{,}456 = 2{,}359{,}296$ bytes (2.25 MiB). A checkpointed segment keeps only its
+# input, $64 \times 64 \times 4 = 16{,}384$ bytes, so $k$ segments keep $16{,}384\,k$ bytes:
+# $65{,}536$ for $k = 4$, 36 times less than the plain forward.
+#
+# That is not the whole story. During backward, one segment at a time is recomputed, and its
+# activations are held on top of the kept inputs: with $k = 4$ segments of 4 blocks, that is
+# $4 \times 147{,}456 = 589{,}824$ bytes, one of whose inputs ($16{,}384$) is already counted,
+# so at worst $65{,}536 + 589{,}824 - 16{,}384 = 638{,}976$ bytes: 27% of the plain forward's
+# memory. One segment ($k = 1$) keeps only the input, but recomputes everything at once, so
+# its worst moment holds all $2{,}359{,}296$ bytes again: no saving at all. The next cell
+# counts each number with `saved_activation_bytes` on the course's reference
+# `checkpointed_forward` (`forge_course.reference.checkpointing`).
+
+# %%
+x_deep = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(SEED)).to(device)
+block_bytes = BATCH * (WIDTH + 4 * WIDTH + 4 * WIDTH) * 4
+input_bytes = BATCH * WIDTH * 4
+assert (block_bytes, input_bytes) == (147_456, 16_384)
+plain_bytes = saved_activation_bytes(stack, x_deep)
+assert plain_bytes == N_BLOCKS * block_bytes == 2_359_296
+for k in (1, 2, 4, 16):
+    kept = saved_activation_bytes(ref_ckpt.checkpointed_forward, blocks, x_deep, k)
+    assert kept == k * input_bytes
+    print(f"{k:2} segments keep {kept:9,} bytes ({kept / plain_bytes:.1%} of the plain forward)")
+four_blocks = saved_activation_bytes(nn.Sequential(*blocks[:4]), x_deep)
+assert 4 * input_bytes + four_blocks - input_bytes == 638_976
+print(f"plain forward keeps {plain_bytes:,} bytes; k = 4 holds at most "
+      f"{4 * input_bytes + four_blocks - input_bytes:,} during backward")  # fmt: skip
+
+# %% [markdown]
+# ### Simulation: memory against compute
+#
+# Choose the number of segments $k$ for the 16-block stack. The left panel shows the bytes kept
+# when the forward pass ends (blue, exact) and the most held during backward (orange: the kept
+# inputs plus the largest recomputed segment), against the plain forward (dashed); the right
+# panel the time of one forward and backward pass, measured on this device. Every $k$ is
+# measured once when the cell runs and cached, so the slider only redraws.
+#
+# Things to try: $k = 1$ (saves nothing at the worst moment, costs a whole extra forward);
+# $k = 4 = \sqrt{16}$; $k = 16$ (every block its own segment). When a block's inner
+# activations are about as large as its input, $k = \sqrt N$ balances kept inputs against the
+# recomputed segment, and memory grows like $\sqrt N$. Here a block's inner activations are 8
+# times its input, so the balance lies at more segments than 4: look where the orange curve
+# is lowest.
+#
+# *Without a widget front end this cell shows the figure for $k = 4$.*
+
+# %%
+from forge_course.sims.memory_compute import draw, measure, memory_compute_view
+
+sim_args = {"n_layers": N_BLOCKS, "width": WIDTH, "batch": BATCH, "device": str(device)}
+memory_compute_view(segments=4, repeats=TIMING_REPEATS, **sim_args)
+
+# %% [markdown]
+# *Alt text: left, activation memory in KiB against the number of checkpoint segments from 1 to
+# 16. The blue line (kept after forward) rises in a straight line from 16 KiB to 256 KiB; the
+# orange line (held during backward, at worst) starts at the dashed plain-forward level of
+# 2304 KiB for one segment and falls steeply; it is lowest at 16 segments, nearly as low at 8.
+# The k = 4 points are circled. Right, the time of one forward and backward pass against the
+# number of segments, each measured on this device, with the plain pass as a dashed line.*
+#
+# The next cell reads the measured numbers back, and times the slider: a cached lookup plus
+# one redraw.
+
+# %%
+plain = measure(0, repeats=TIMING_REPEATS, **sim_args)
+with torch.no_grad():
+    forward_ms = fastest_ms(lambda: stack(x_deep))
+print(f"plain forward + backward {plain.ms_per_step:.2f} ms; one forward {forward_ms:.2f} ms, "
+      "the least that recomputation can add")  # fmt: skip
+for k in (1, 4, 8, 16):
+    m = measure(k, repeats=TIMING_REPEATS, **sim_args)
+    print(f"k = {k:2}: at worst {m.peak_bytes / plain.saved_bytes:4.0%} of the plain memory, "
+          f"{m.ms_per_step / plain.ms_per_step:.2f}× its time ({m.ms_per_step:.2f} ms vs "
+          f"{plain.ms_per_step:.2f} ms)")  # fmt: skip
+start = time.perf_counter()
+measure(7, repeats=TIMING_REPEATS, **sim_args)
+lookup_ms = (time.perf_counter() - start) * 1e3
+start = time.perf_counter()
+figure = draw([measure(k, repeats=TIMING_REPEATS, **sim_args) for k in range(N_BLOCKS + 1)], 7)
+figure.canvas.draw()
+draw_ms = (time.perf_counter() - start) * 1e3
+plt.close(figure)
+print(f"slider: {lookup_ms:.3f} ms to look a measurement up, {draw_ms:.0f} ms to redraw")
+
+# %% [markdown]
+# The bytes are exact and the same on every device. The times are this machine's, and they
+# show the other half of the trade. Every checkpointed block runs forward twice, so the least
+# a step can cost is one extra forward pass, the printed "one forward" time. A backward pass
+# usually costs about two forwards, which is where the often-quoted "30% more compute" comes
+# from. On top of that, each segment adds a fixed cost (saving and restoring random-number
+# state, setting up the recomputation), which weighs most on a model this small. Timings of a
+# few milliseconds are also noisy: on a busy shared machine they can jump by more than the
+# effect between two runs, so run the simulation cell again and trust only the differences
+# that stay. Neither "30% more compute" nor "60% less memory" is a property of checkpointing:
+# both depend on where the boundaries are and on the model, as the two panels show.
+#
+# Always pass `use_reentrant=False`. The older reentrant implementation gives the layers
+# **no gradient** when the segment's input does not require grad, which is the normal case for
+# a batch of data; it only warns.
+#
+# ## Exercise 3 · `ch10_checkpointed_forward`: a segmented checkpointed forward
+#
+# Write `checkpointed_forward(layers, x, segments)`:
+#
+# * `layers` is a sequence of modules (a list, an `nn.ModuleList` or an `nn.Sequential`) to
+#   apply one after another to `x`;
+# * cut it into `segments` consecutive groups whose sizes differ by at most one, longer groups
+#   first (5 layers in 2 segments: 3, then 2);
+# * run every group, the last one too, through
+#   `torch.utils.checkpoint.checkpoint(run_group, h, use_reentrant=False)`, where `run_group`
+#   applies that group's layers in order, and return the final output.
+#
+# The check compares the output and every gradient with the plain forward's, and the bytes
+# kept for backward with the reference's: no more is allowed. The hidden check adds uneven
+# splits, one segment, one segment per layer, an input that requires grad, float64 and every
+# device.
+
+
+# %% nbgrader={"grade_id": "ch10_checkpointed_forward", "solution": true}
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpointed_forward(layers, x, segments):
+    ### BEGIN SOLUTION
+    layers = list(layers)
+    base, extra = divmod(len(layers), segments)
+    sizes = [base + 1] * extra + [base] * (segments - extra)
+    start = 0
+    for size in sizes:
+        group = layers[start : start + size]
+        start += size
+
+        def run_group(h, group=group):
+            for layer in group:
+                h = layer(h)
+            return h
+
+        x = checkpoint(run_group, x, use_reentrant=False)
+    return x
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "ch10_checkpointed_forward_tests", "grade": true, "points": 2}
+# Visible tests: 6 blocks in 3 segments on the CPU; outputs, gradients and bytes kept.
+from forge_course.grading import ch10
+
+ch10.check_checkpointed_forward(checkpointed_forward)
+print("checkpointed_forward: the plain forward's output and gradients, one input per segment.")
+### BEGIN HIDDEN TESTS
+ch10.check_checkpointed_forward(checkpointed_forward, thorough=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 4 · `torch.compile`
+#
+# `torch.compile(model)` returns a wrapper that, on its first call, traces the Python code of
+# `forward` into a graph (TorchDynamo), and hands the graph to a compiler (TorchInductor by
+# default, which writes and builds C++ on the CPU and Triton kernels on GPUs). Later calls with
+# inputs of the same shapes and dtypes run the compiled code. The price is paid on the first
+# call; the gain, if any, on every call after it.
+#
+# How big is that price here? The next cell compiles a tiny model (2 blocks of the running
+# example) in a separate Python process, so that a slow first compile cannot use up this
+# notebook's time: the process is stopped after `COMPILE_BUDGET_S` seconds. It reports the
+# first call's time and the fastest eager and compiled calls. The very first compile on a
+# machine is the slowest: it also builds C++ headers once and caches them on disk (under the
+# temporary directory), so running this cell again is faster.
+
+# %%
+COMPILE_SCRIPT = f"""
+import json, time, torch
+from torch import nn
+torch.set_num_threads({THREADS})
+torch.manual_seed({SEED})
+block = lambda: nn.Sequential(nn.Linear({WIDTH}, {4 * WIDTH}), nn.GELU(), nn.Linear({4 * WIDTH}, {WIDTH}))
+model = nn.Sequential(block(), block())
+x = torch.randn({BATCH}, {WIDTH})
+
+def fastest(fn, n=50):
+    fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter(); fn(); times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+with torch.no_grad():
+    eager_ms = fastest(lambda: model(x))
+    compiled = torch.compile(model)
+    start = time.perf_counter()
+    out = compiled(x)
+    first_s = time.perf_counter() - start
+    compiled_ms = fastest(lambda: compiled(x))
+    gap = (out - model(x)).abs().max().item()
+print(json.dumps(dict(first_s=first_s, eager_ms=eager_ms, compiled_ms=compiled_ms, gap=gap)))
+"""
+
+started = time.perf_counter()
+try:
+    run = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True,
+                         timeout=COMPILE_BUDGET_S)  # fmt: skip
+    compiled_result = json.loads(run.stdout.splitlines()[-1]) if run.returncode == 0 else None
+    if compiled_result is None:
+        print("torch.compile failed here; its last words were:")
+        print("\n".join(run.stderr.strip().splitlines()[-3:]))
+except subprocess.TimeoutExpired:
+    compiled_result = None
+    print(f"The first compile did not finish within {COMPILE_BUDGET_S} s on this machine, so it "
+          "was stopped; a second run is usually faster (its caches stay on disk).")  # fmt: skip
+print(f"the whole demo took {time.perf_counter() - started:.1f} s, process start-up included")
+if compiled_result:
+    r = compiled_result
+    print(f"first call (trace + compile): {r['first_s']:.1f} s")
+    print(f"eager forward:    {r['eager_ms']:.3f} ms; compiled forward: {r['compiled_ms']:.3f} ms "
+          f"({r['eager_ms'] / r['compiled_ms']:.2f}× the eager speed); largest output difference "
+          f"{r['gap']:.1e}")  # fmt: skip
+    saved_per_call_ms = r["eager_ms"] - r["compiled_ms"]
+    if saved_per_call_ms > 0:
+        print(
+            f"calls needed to win back the first call: {r['first_s'] * 1e3 / saved_per_call_ms:,.0f}"
+        )
+    else:
+        print("calls needed to win back the first call: never (compiled is not faster here)")
+
+# %% [markdown]
+# Read the last printed line before compiling a training script: the first call's seconds must
+# be won back a fraction of a millisecond at a time. For a small model on a CPU that can take
+# a very long time, or never happen; for a large model on a GPU, where fusing operations saves
+# whole trips through memory, it can pay off within minutes.
+#
+# ### Graph breaks
+#
+# Dynamo traces Python, and some Python it cannot put in a graph: a `print`, a tensor turned
+# into a Python number (`.item()`) that then decides an `if`, a call into a library it does not
+# know. At each such place it *breaks* the graph: it compiles what came before, runs the
+# troublesome line in ordinary Python, and starts a new graph after it. The model still works;
+# it is just compiled in pieces, with Python in between. `torch._dynamo.explain` traces
+# without compiling (fast) and lists the breaks.
+
+
+# %%
+class ChattyBlock(nn.Module):
+    """A block whose forward logs a number: the kind of line that breaks a graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = make_blocks(1, WIDTH, seed=SEED)[0]
+
+    def forward(self, x):
+        h = self.inner(x)
+        print("mean activation:", round(h.mean().item(), 3))
+        return self.inner(h)
+
+
+# Dynamo also logs each break as a long warning; the summary below is enough here.
+torch._logging.set_logs(dynamo=logging.ERROR)
+chatty = ChattyBlock().to(device)
+explanation = torch._dynamo.explain(chatty)(x_deep)
+print(f"graphs: {explanation.graph_count}, graph breaks: {explanation.graph_break_count}")
+for reason in explanation.break_reasons:
+    print("break:", str(reason.reason).splitlines()[0])
+torch._dynamo.reset()
+
+# %% [markdown]
+# One `print` of one number split the forward into separate graphs. The fix is to keep
+# logging out of `forward` (return the tensor, log it in the loop, outside the compiled code),
+# and to check a model with `explain` before compiling it. `torch.compile(model,
+# fullgraph=True)` turns every graph break into an error instead.
+#
+# ## Check your understanding
+#
+# **Question 1 (`ch10_q_tail_weight`).** A batch of 100 examples is accumulated from
+# micro-batches of 32, 32, 32 and 4, so that the update equals the big batch's. By what number
+# is the **last** micro-batch's mean loss multiplied before its backward? Set `tail_weight`.
+#
+# **Question 2 (`ch10_q_scaler`).** When does a training step need a `GradScaler`? Set
+# `scaler_answer` to one letter.
+#
+# * **a**: whenever it uses `torch.autocast`, whatever the dtype.
+# * **b**: when autocast runs in float16, because small gradients underflow to zero in float16
+#   unless the loss is scaled up first.
+# * **c**: when autocast runs in bfloat16, because bfloat16 has fewer mantissa bits than
+#   float16.
+# * **d**: only together with gradient accumulation.
+#
+# **Question 3 (`ch10_q_saved_bytes`).** The deep running example (16 blocks, batch 64, width
+# 64, float32) is checkpointed in 8 segments with `checkpointed_forward`. How many bytes does
+# the forward pass keep for backward, as `saved_activation_bytes` counts them? Set
+# `saved_bytes`.
+
+# %% nbgrader={"grade_id": "ch10_questions", "solution": true}
+tail_weight = None
+scaler_answer = None
+saved_bytes = None
+### BEGIN SOLUTION
+tail_weight = 0.04
+scaler_answer = "b"
+saved_bytes = 131072
+### END SOLUTION
+
+# %% nbgrader={"grade_id": "ch10_q_tail_weight", "grade": true, "points": 1}
+from forge_course.grading import check_number
+
+check_number(tail_weight, "ch10_q_tail_weight")
+### BEGIN HIDDEN TESTS
+check_number(
+    tail_weight,
+    "ch10_q_tail_weight",
+    expected=0.04,
+    hints={
+        0.25: "that is 1/K: it gives each of the last 4 examples 6.25 times its share. The "
+        "weight is n_i / N.",
+        0.01: "that is each example's share; the micro-batch's mean loss is multiplied by its "
+        "size over N.",
+        4: "the weight is a fraction of the batch: n_i / N, not n_i.",
+        25: "that is N / n_i, upside down: the weight is n_i / N.",
+    },
+)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade_id": "ch10_q_scaler", "grade": true, "points": 1}
+from forge_course.grading import check_choice
+
+check_choice(scaler_answer, "ch10_q_scaler", choices="abcd")
+### BEGIN HIDDEN TESTS
+check_choice(
+    scaler_answer,
+    "ch10_q_scaler",
+    choices="abcd",
+    correct="b",
+    why_not={
+        "a": "with bfloat16 (the CPU's autocast type) no scaler is needed: it has float32's "
+        "exponent range.",
+        "c": "bfloat16's range is float32's, so small gradients do not underflow; fewer "
+        "mantissa bits cost precision, which scaling cannot restore anyway.",
+        "d": "accumulation changes how many backward passes add up, not the float format.",
+    },
+)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade_id": "ch10_q_saved_bytes", "grade": true, "points": 1}
+from forge_course.grading import check_number
+
+check_number(saved_bytes, "ch10_q_saved_bytes")
+### BEGIN HIDDEN TESTS
+check_number(
+    saved_bytes,
+    "ch10_q_saved_bytes",
+    expected=131072,
+    hints={
+        2359296: "that is the plain forward: with checkpointing each segment keeps only its "
+        "input, 64 × 64 × 4 bytes.",
+        16384: "that is one segment's input; there are 8 segments.",
+        65536: "that is 4 segments; the question has 8.",
+        1179648: "the 8 segments keep only their inputs, not two blocks' activations each.",
+    },
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Summary: the lines this chapter taught
+#
+# ```python
+# (loss * len(x) / N).backward()           # loss / K is right only when every micro-batch has N / K examples
+# clip_grad_norm_(model.parameters(), c)    # once, after the last micro-batch, or you clip pieces of a gradient
+# with torch.autocast(device.type, dtype=torch.bfloat16):  # float16 on CUDA/MPS; forward and loss inside
+#     loss = loss_fn(model(x), y)
+# scaler.scale(loss).backward()             # float16 only: without it, gradients below 3e-8 become 0
+# scaler.step(optimizer); scaler.update()   # skips the update after an overflow, then halves the scale
+# x = checkpoint(run_segment, x, use_reentrant=False)  # reentrant: no gradients for the layers
+# model = torch.compile(model)              # pays seconds on the first call; check graph breaks first
+# ```
+#
+# * Accumulation equals the big batch exactly when each micro-batch is weighted by $n_i / N$
+#   (the running batch: 0.32, 0.32, 0.32, 0.04) and the gradient is clipped once; it cannot be
+#   exact with BatchNorm, whose statistics belong to each micro-batch.
+# * Autocast chooses a precision per operation, and the lists differ per device; float16 needs
+#   a scaler (1e-8 becomes 0, 65536 × 1e-8 survives), bfloat16 does not. Whether it is faster
+#   is a property of the hardware: measured above, not assumed.
+# * Checkpointing $k$ segments keeps $k$ inputs (16,384 bytes each here, against 2,359,296
+#   for the plain forward) and recomputes about one forward pass; the worst moment of backward
+#   also holds one recomputed segment, so one segment saves nothing.
+# * `torch.compile` costs seconds on the first call and pays back per call, if at all; a
+#   `print` or `.item()` in `forward` breaks the graph.
+#
+# Next, chapter 11 spreads the batch over several processes: the same gradient arithmetic,
+# with an all-reduce in place of the accumulation loop.

@@ -1,0 +1,666 @@
+# %% [markdown]
+# # Chapter 11 · Distributed training
+#
+# With one device, a step is limited by what that device can compute and hold. Data
+# parallelism runs the same training loop in several processes at once, one per device, each
+# on its own slice of the batch, and makes them end every step with the same weights. This
+# chapter shows the one collective that makes that work, all-reduce, by hand and in a
+# simulation; then launches real processes on this CPU and checks that two of them end where
+# one process on the whole batch ends.
+#
+# **By the end of this chapter you can:**
+#
+# 1. explain why averaging the gradients of equal shards gives the gradient of the whole batch,
+#    and what `DistributedSampler` and `set_epoch` have to do with it;
+# 2. count the steps and bytes of a ring all-reduce (2(N − 1) steps, 2(N − 1)/N · S bytes sent
+#    per worker) and simulate one, chunk by chunk;
+# 3. launch DDP with `torchrun` (gloo on a CPU, NCCL on GPUs), write a DDP worker, and say why
+#    its weights match one process to about 1e-7 but not bit for bit;
+# 4. work out the memory per rank of DDP and of ZeRO / FSDP stages 1–3, and say when
+#    `SyncBatchNorm` and learning-rate scaling matter.
+
+# %%
+# Settings for this chapter: change them and run the notebook again.
+SEED = 0  # every random number below follows from this seed
+WORLD_SIZE = 2  # processes started by torchrun: 2 small CPU processes, ~310 MB each
+LAUNCH_TIMEOUT_S = 120  # a distributed run that takes longer than this is stopped
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import matplotlib.pyplot as plt
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from forge_course import pick_device
+from forge_course.device import describe
+from forge_course.reference.ddp import GLOBAL_BATCH, make_dataset, make_model, train
+from forge_course.reference.ddp import SEED as SEED_DDP  # the seed of the DDP demo's data
+from forge_course.sims.display import PALETTE
+
+device = pick_device()
+torch.manual_seed(SEED)
+print("Running on", describe(device))
+
+# %% [markdown]
+# ## Data parallelism: shards of one batch, one averaged gradient
+#
+# Take a global batch of $B$ examples and $N$ processes (*ranks*). Each rank holds a full copy
+# of the model and takes $B/N$ of the examples; it runs forward and backward on them alone.
+# Then the ranks **average their gradients**, and each applies the same optimizer step to the
+# same weights, so they stay identical without ever sending weights.
+#
+# Why the average is right: the loss is a mean over examples, so its gradient is the mean of
+# the per-example gradients. Split the batch into equal shards, take the mean gradient of each,
+# and the mean of those means is the mean over all $B$ examples.
+#
+# **By hand.** A one-weight model $f(x) = w x$ with $w = 0.5$, MSE loss, and a global batch
+# $x = [1, 2, 3, 4]$, $y = [2, 4, 6, 8]$ over 2 ranks. `DistributedSampler` (without shuffle)
+# gives rank $r$ the examples $r, r + 2, \dots$: rank 0 gets $x = [1, 3]$, rank 1 gets
+# $x = [2, 4]$. Each error is $w x - y = 0.5x - 2x = -1.5x$, so one example's gradient is
+# $\partial (wx - y)^2 / \partial w = 2(-1.5x)x = -3x^2$.
+#
+# * rank 0: mean of $-3 \cdot 1$ and $-3 \cdot 9$ is $-15$;
+# * rank 1: mean of $-3 \cdot 4$ and $-3 \cdot 16$ is $-30$;
+# * averaged: $(-15 - 30)/2 = -22.5$;
+# * one process on the whole batch: $(-3 - 12 - 27 - 48)/4 = -90/4 = -22.5$.
+
+# %%
+x = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+y = 2 * x
+
+
+def gradient(xs, ys):
+    w = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    ((w * xs - ys) ** 2).mean().backward()
+    return w.grad.item()
+
+
+shards = [torch.arange(rank, len(x), 2) for rank in range(2)]  # DistributedSampler's split
+per_rank = [gradient(x[idx], y[idx]) for idx in shards]
+print("rank shards:", [x[idx].tolist() for idx in shards], "gradients:", per_rank)
+print("average of the ranks:", sum(per_rank) / 2, " whole batch:", gradient(x, y))
+assert per_rank == [-15.0, -30.0] and sum(per_rank) / 2 == gradient(x, y) == -22.5
+
+# %% [markdown]
+# The equality needs **equal shards**. If the batch does not split evenly, the mean of the
+# means weights the smaller shard's examples more: that is why `DistributedSampler` pads the
+# dataset (by repeating examples) so every rank gets the same count, and why the DDP run below
+# uses a global batch that divides by the number of ranks.
+#
+# ## All-reduce, and why a ring
+#
+# *All-reduce* takes one buffer per rank and leaves every rank holding their elementwise sum
+# (DDP then divides by $N$). The simplest way, every rank sending its $S$ bytes to one root that
+# adds and sends the sum back, puts $(N - 1) S$ bytes through the root's link each way: the
+# root becomes the bottleneck as $N$ grows.
+#
+# The **ring** spreads the work. Cut each buffer into $N$ chunks and arrange the ranks in a
+# circle; at every step each rank sends one chunk ($S/N$ bytes) to its right-hand neighbour
+# and receives one from its left, all links busy at once:
+#
+# 1. **Reduce-scatter**, $N - 1$ steps: at step $s$, rank $r$ sends chunk $(r - s) \bmod N$;
+#    the receiver *adds* it to its own copy. After $N - 1$ steps rank $r$ holds the complete
+#    sum of chunk $(r + 1) \bmod N$.
+# 2. **All-gather**, $N - 1$ more steps: the complete chunks travel round the ring, and each
+#    receiver *copies* them.
+#
+# So a ring all-reduce takes $2(N - 1)$ steps and each rank sends $2(N - 1) \cdot S/N$ bytes.
+#
+# **By hand, the facts to remember.** $N = 4$ workers, $S = 100$ MB of gradients: $2(4 - 1) =
+# 6$ steps, each sending a chunk of $100/4 = 25$ MB, so every worker sends $6 \times 25 = 150$
+# MB (and receives as much). With 8 workers: 14 steps of 12.5 MB, 175 MB. The amount per
+# worker approaches $2S$ however many workers join: that is why the ring scales.
+#
+# **By hand, the running example.** Three workers with the buffers $[1, 2, 3]$, $[10, 20,
+# 30]$, $[100, 200, 300]$; chunk $k$ is element $k$.
+#
+# | step | phase | sends (src → dst: chunk) | after the step |
+# | --- | --- | --- | --- |
+# | 1 | reduce-scatter | 0→1: 0, 1→2: 1, 2→0: 2 | w0 chunk 2 = 3 + 300 = 303; w1 chunk 0 = 1 + 10 = 11; w2 chunk 1 = 20 + 200 = 220 |
+# | 2 | reduce-scatter | 0→1: 2, 1→2: 0, 2→0: 1 | w0 chunk 1 = 2 + 220 = **222**; w1 chunk 2 = 30 + 303 = **333**; w2 chunk 0 = 100 + 11 = **111** |
+# | 3 | all-gather | 0→1: 1, 1→2: 2, 2→0: 0 | w1 gets 222, w2 gets 333, w0 gets 111 |
+# | 4 | all-gather | 0→1: 0, 1→2: 1, 2→0: 2 | w1 gets 111, w2 gets 222, w0 gets 333: all hold [111, 222, 333] |
+#
+# The next cell runs the simulation of `forge_course.sims.ring_allreduce` and checks both
+# hand calculations.
+
+# %%
+from forge_course.reference.collectives import chunk_bounds, ring_traffic
+from forge_course.sims.ring_allreduce import ring_allreduce_steps
+
+RUNNING = [[1.0, 2.0, 3.0], [10.0, 20.0, 30.0], [100.0, 200.0, 300.0]]
+states = ring_allreduce_steps(RUNNING)
+for state in states[1:]:
+    print(f"step {state['step']} {state['phase']:14} sends {state['sends']}")
+assert states[1]["chunks"][0][2] == [303.0] and states[1]["chunks"][1][0] == [11.0]
+assert [states[2]["chunks"][r][(r + 1) % 3] for r in range(3)] == [[222.0], [333.0], [111.0]]
+assert all(worker == [[111.0], [222.0], [333.0]] for worker in states[-1]["chunks"])
+
+# The facts: 4 workers, 100 MB, one element standing for 1 MB. Count what each worker sends.
+ring4 = ring_allreduce_steps([[1.0] * 100 for _ in range(4)])
+bounds = chunk_bounds(100, 4)
+sent_by_0 = sum(
+    bounds[k + 1] - bounds[k] for st in ring4[1:] for src, _, k in st["sends"] if src == 0
+)
+print(f"N=4, S=100 MB: {len(ring4) - 1} steps, worker 0 sends {sent_by_0} MB")
+assert (len(ring4) - 1, sent_by_0) == ring_traffic(4, 100) == (6, 150.0)
+assert ring_traffic(8, 100) == (14, 175.0)
+
+# %% [markdown]
+# The figure compares the two ways to all-reduce 100 MB as workers are added: what the busiest
+# worker sends (the root, for the naive way: the sum, to each of the $N - 1$ others).
+
+# %%
+workers = list(range(2, 33))
+fig, ax = plt.subplots(figsize=(6.5, 3.6))
+ax.plot(workers, [(n - 1) * 100 for n in workers], color=PALETTE["vermillion"],
+        label="naive: the root sends (N − 1)·S")  # fmt: skip
+ax.plot(workers, [ring_traffic(n, 100)[1] for n in workers], color=PALETTE["blue"],
+        label="ring: each worker sends 2(N − 1)/N·S")  # fmt: skip
+ax.axhline(200, ls=":", color=PALETTE["black"], label="2S = 200 MB")
+ax.set(xlabel="workers N", ylabel="MB sent by the busiest worker", yscale="log",
+       title="All-reduce of S = 100 MB: traffic per worker")  # fmt: skip
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# *Alt text: a log-scale line chart over 2 to 32 workers. The naive line rises from 100 MB to
+# 3,100 MB; the ring line starts at 100 MB too, passes 150 MB at 4 workers and flattens just
+# under the dotted 200 MB line.*
+#
+# These are counts of bytes, not timings: a real all-reduce also pays a latency per step
+# ($2(N-1)$ of them), which is why NCCL switches to tree algorithms for small buffers and
+# very many ranks.
+#
+# ## Simulation: watch the ring
+#
+# Move the **step** slider. Each worker shows its three chunks; the text in a box lists the
+# ranks whose values that chunk sums so far, and the colour says how many: grey (its own only),
+# sky (two), green (all three, complete). Arrows are the sends of the step just taken.
+#
+# *Without a widget front end this cell shows the state after reduce-scatter (step 2): three
+# workers round a triangle, each holding exactly one green, complete chunk (222, 333 and 111),
+# its other chunks grey (own value) or sky (two ranks summed), with arrows for step 2's sends.*
+
+# %%
+from forge_course.sims.ring_allreduce import draw_ring, ring_view
+
+ring_view(RUNNING)
+redraw_fig, redraw_ax = plt.subplots(figsize=(7.5, 6.2))
+start = time.perf_counter()
+for index in range(len(states)):
+    draw_ring(states, index, redraw_ax)
+    redraw_fig.canvas.draw()  # render too: a slider move costs drawing and rendering
+plt.close(redraw_fig)
+redraw_ms = (time.perf_counter() - start) / len(states) * 1e3
+print(f"one slider move: {redraw_ms:.0f} ms to draw and render the ring (measured, mean of 5)")
+
+# %% [markdown]
+# ## Exercise 1 · `ch11_ring_allreduce`: simulate the ring
+#
+# Write `ring_allreduce(buffers)`. `buffers` is a list of $N \ge 2$ lists (one per worker) of
+# the same length $L \ge 1$ of floats. Cut each buffer into $N$ chunks as `numpy.array_split`
+# does: chunk $k$ runs from `bounds[k]` to `bounds[k + 1]`, where the first $L \bmod N$ chunks
+# have one element more than the others (some chunks are empty when $L < N$). Then run the
+# ring exactly as above:
+#
+# * reduce-scatter steps $s = 0 \dots N - 2$: worker $r$ sends chunk $(r - s) \bmod N$ to
+#   worker $(r + 1) \bmod N$, which adds it elementwise to its own copy (`mine + received`);
+# * all-gather steps $s = 0 \dots N - 2$: worker $r$ sends chunk $(r + 1 - s) \bmod N$ to
+#   worker $(r + 1) \bmod N$, which replaces its copy with it.
+#
+# All sends of a step happen at the same time: read what every worker sends before any
+# receiver changes its chunks. Return a pair `(results, sends)`: `results[r]` is worker $r$'s
+# whole buffer at the end (a list of $L$ floats), and `sends` has one list per step,
+# $2(N - 1)$ in all, of the `(src, dst, chunk)` tuples of that step ordered by `src`. Do not
+# modify `buffers`. The check compares the sends step by step, and the results to the bit on
+# values of very different sizes, where only the ring's own order of additions gives them.
+
+
+# %% nbgrader={"grade_id": "ch11_ring_allreduce", "solution": true}
+def ring_allreduce(buffers):
+    ### BEGIN SOLUTION
+    n, length = len(buffers), len(buffers[0])
+    base, extra = divmod(length, n)
+    bounds = [0]
+    for k in range(n):
+        bounds.append(bounds[-1] + base + (k < extra))
+    chunks = [[list(buf[bounds[k] : bounds[k + 1]]) for k in range(n)] for buf in buffers]
+    sends = []
+    for step in range(2 * (n - 1)):
+        reducing = step < n - 1
+        s = step if reducing else step - (n - 1)
+        moves = [(r, (r + 1) % n, (r - s + (0 if reducing else 1)) % n) for r in range(n)]
+        outgoing = [list(chunks[src][k]) for src, _, k in moves]
+        for (_, dst, k), values in zip(moves, outgoing):
+            if reducing:
+                chunks[dst][k] = [mine + got for mine, got in zip(chunks[dst][k], values)]
+            else:
+                chunks[dst][k] = values
+        sends.append(moves)
+    results = [[value for chunk in worker for value in chunk] for worker in chunks]
+    return results, sends
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "ch11_ring_allreduce_tests", "grade": true, "points": 3}
+# Visible tests: the running example and 4 workers × 8 values.
+from forge_course.grading import ch11
+
+ch11.check_ring_allreduce(ring_allreduce)
+print("ring_allreduce: the sums and every send match, on 3 and 4 workers.")
+### BEGIN HIDDEN TESTS
+ch11.check_ring_allreduce(ring_allreduce, thorough=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## The simulation against the real thing
+#
+# `torch.distributed.all_reduce` does the same job between real processes. The next cell
+# starts 2 processes (forked from this kernel, so they start in well under a second), joins
+# them in a gloo group, all-reduces one float64 buffer each, and compares what every process
+# ends with against the simulated ring. With two workers every element is one addition, so
+# the two must agree to the last bit. `gloo_all_reduce` kills the processes if they are not
+# done within the timeout.
+
+# %%
+from forge_course.reference.collectives import gloo_all_reduce
+from forge_course.reference.collectives import ring_allreduce as ring_reference
+
+buffers = [[0.1, -2.5, 3.25, 1e-3, 7.0], [4.0, 0.2, -1.0, 2e-3, -7.0]]
+start = time.perf_counter()
+real = gloo_all_reduce(buffers, timeout_s=LAUNCH_TIMEOUT_S)
+seconds = time.perf_counter() - start
+simulated, _ = ring_reference(buffers)
+print("torch.distributed.all_reduce on each process:", real)
+print("simulated ring on each worker:               ", simulated)
+print(f"bit-for-bit equal: {real == simulated} (2 gloo processes, {seconds:.2f} s measured)")
+assert real == simulated
+
+# %% [markdown]
+# ## DDP with `torchrun`
+#
+# `DistributedDataParallel` (DDP) is data parallelism packaged: wrap the model, and during
+# `backward()` it all-reduces the gradients in buckets, overlapping communication with the rest
+# of the backward pass, then divides by the number of ranks. At construction it broadcasts
+# rank 0's weights, so all ranks start equal. The loop itself does not change.
+#
+# `torchrun` starts the processes. For each one it sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+# `MASTER_ADDR` and `MASTER_PORT`, and `init_process_group(backend, init_method="env://")`
+# reads them. The backend is **gloo** on CPUs and **NCCL** with one GPU per rank; with NCCL each
+# process also calls `torch.cuda.set_device(local_rank)`.
+#
+# `forge_course.reference.ddp` trains a tiny MLP (4 → 8 → 1) for 3 SGD steps on a global batch
+# of 16, split 8 + 8 by `DistributedSampler`, and compares each rank's weights with one process
+# trained on the whole batch of 16. The next cell launches it as you would from a shell; the
+# launcher runs in its own process group, so on a timeout it is stopped together with its ranks.
+
+
+# %%
+def launch(command, timeout_s):
+    """Run ``command``; stop it and every process it started if it outlives ``timeout_s``."""
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{err[-2000:]}")
+    return out
+
+
+torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={WORLD_SIZE}", "-m", "forge_course.reference.ddp"]  # fmt: skip
+start = time.perf_counter()
+summary = json.loads(launch(torchrun, LAUNCH_TIMEOUT_S).strip().splitlines()[-1])
+launch_seconds = time.perf_counter() - start
+print(json.dumps(summary, indent=1))
+print(f"torchrun with {WORLD_SIZE} ranks took {launch_seconds:.1f} s measured, start-up included")
+assert summary["ok"] and summary["ranks_identical"] and summary["max_abs_diff"] <= 1e-6
+
+# %% [markdown]
+# Read the summary: the ranks hold **identical** weights (they applied the same averaged
+# gradient to the same weights), and those weights differ from one process on the whole batch
+# by `max_abs_diff`, around $10^{-7}$ in float32, not 0. The arithmetic is the same sum in a
+# different order: one process sums 16 per-example terms in one reduction; DDP sums 8 on each
+# rank, then adds the two partial sums and divides by 2. Float addition is not associative, so
+# the last bit can differ, and three steps of momentum SGD carry the difference along.
+#
+# Almost all of those seconds are start-up: two fresh Python processes importing torch and
+# forming the group. The three training steps themselves take milliseconds.
+#
+# ## Exercise 2 · `ch11_ddp_worker`: one rank of DDP
+#
+# Write `worker(rank, world_size, port, out_dir)`, the function each process runs. It must:
+#
+# 1. join the group: `dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+#    rank=rank, world_size=world_size)`;
+# 2. build the data and model with `make_dataset()` and `make_model()` from
+#    `forge_course.reference.ddp`, and give a `DataLoader` a
+#    `DistributedSampler(dataset, world_size, rank, shuffle=True, seed=SEED_DDP)` and a batch
+#    size of `GLOBAL_BATCH // world_size`;
+# 3. wrap the model in `DistributedDataParallel` and train it with `train(model, loader,
+#    torch.device("cpu"))` (one pass, 3 steps);
+# 4. save the weights of the model **inside** the wrapper, `model.module.state_dict()`, with
+#    `torch.save` to `os.path.join(out_dir, f"rank{rank}.pt")`;
+# 5. destroy the group with `dist.destroy_process_group()`, also when something fails.
+#
+# The check starts `world_size` real processes running your function (2 here; 4 and 1 in the
+# hidden test), stops them after 60 s if they hang, and compares the saved weights across
+# ranks and with one process on the whole batch, within 1e-6.
+
+# The first cell of the notebook imports `dist`, `DistributedDataParallel`, `DataLoader`,
+# `DistributedSampler`, `make_dataset`, `make_model`, `train`, `GLOBAL_BATCH` and `SEED_DDP`.
+
+
+# %% nbgrader={"grade_id": "ch11_ddp_worker", "solution": true}
+def worker(rank, world_size, port, out_dir):
+    ### BEGIN SOLUTION
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        dataset = make_dataset()
+        sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=SEED_DDP)
+        loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world_size, sampler=sampler)
+        model = DistributedDataParallel(make_model())
+        train(model, loader, torch.device("cpu"))
+        torch.save(model.module.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "ch11_ddp_worker_tests", "grade": true, "points": 3}
+# Visible tests: 2 real processes run `worker`; their weights must agree with each other and
+# with one process on the whole batch.
+from forge_course.grading import ch11
+
+ch11.check_ddp_worker(worker)
+print("worker: 2 ranks saved identical weights, within 1e-6 of one process.")
+### BEGIN HIDDEN TESTS
+ch11.check_ddp_worker(worker, thorough=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## `DistributedSampler` and `set_epoch`
+#
+# The sampler does two things: it gives every rank a disjoint slice of one shuffled order,
+# padded so all slices have the same length, and it draws that order from `seed + epoch`. The
+# epoch only changes when you call `sampler.set_epoch(epoch)` at the start of each epoch;
+# forget it and every epoch repeats the first epoch's order. Ten examples over four ranks:
+
+# %%
+for rank in range(4):
+    sampler = DistributedSampler(range(10), num_replicas=4, rank=rank, shuffle=True, seed=SEED)
+    orders = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    forgot = DistributedSampler(range(10), num_replicas=4, rank=rank, shuffle=True, seed=SEED)
+    print(f"rank {rank}: epoch 0 {orders[0]}, epoch 1 {orders[1]}; "
+          f"without set_epoch {list(forgot)}, {list(forgot)}")  # fmt: skip
+print(f"{len(sampler)} examples per rank: 10 padded to 12 by repeating 2")
+
+# %% [markdown]
+# ## Why not `nn.DataParallel`
+#
+# `nn.DataParallel` is one line (`model = nn.DataParallel(model)`) and runs in **one
+# process**. Every step it scatters the batch from GPU 0 to the others, copies the model's
+# weights to every GPU again, runs the replicas in Python threads that contend for one GIL,
+# and gathers every output back to GPU 0, where the loss and the optimizer run. GPU 0 does
+# more work and holds more memory than the rest, and the threads spend time waiting for each
+# other. DDP runs one process per GPU: no GIL shared between replicas, weights copied once at
+# the start, and only gradients travel, all-reduced in buckets while backward is still
+# running. PyTorch's documentation recommends DDP even on a single machine.
+#
+# *Not measured here: this comparison needs several GPUs, and this chapter runs on a CPU.
+# On a multi-GPU machine, time 20 steps of each wrapper on the same model to see it.*
+#
+# ## Batch size and learning rate
+#
+# With $N$ ranks and $b$ examples per rank, one step sees a global batch $B = N b$ (times the
+# accumulation steps of chapter 10). Adding ranks at fixed $b$ therefore changes the training
+# recipe: fewer steps per epoch, each averaging more examples. The **linear scaling rule** is
+# a heuristic for that: multiply the learning rate by the same factor as the batch
+# ($0.1$ at $B = 256$ becomes $0.1 \times 2048/256 = 0.8$ at $B = 2048$), and ramp it up over
+# the first steps (*warm-up*), because the large rate is unstable while the weights are still
+# random. It holds well up to some batch size that depends on the problem and then fails;
+# for Adam a square-root rule is often suggested instead. Check with a short learning-rate sweep
+# rather than trusting either. The cell prints the warm-up from the example.
+
+# %%
+base_lr, base_batch, per_rank_batch, ranks, warmup_steps = 0.1, 256, 256, 8, 5
+scaled_lr = base_lr * per_rank_batch * ranks / base_batch
+param = torch.nn.Parameter(torch.zeros(1))
+opt = torch.optim.SGD([param], lr=scaled_lr)
+warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warmup_steps))
+lrs = []
+for _ in range(7):
+    lrs.append(round(opt.param_groups[0]["lr"], 6))
+    opt.step()
+    warmup.step()
+print(f"global batch {per_rank_batch * ranks}: linear scaling gives lr {scaled_lr}")
+print("lr at steps 0-6 with a 5-step warm-up:", lrs)
+assert scaled_lr == 0.8 and lrs == [0.16, 0.32, 0.48, 0.64, 0.8, 0.8, 0.8]
+
+# %% [markdown]
+# ## Memory per rank: DDP, ZeRO and FSDP
+#
+# DDP copies everything to every rank. In fp32 with Adam, each parameter costs 4 bytes for the
+# weight, 4 for its gradient and 8 for Adam's two moments: 16 bytes, on **every** rank. ZeRO
+# (DeepSpeed) and FSDP (PyTorch's `FullyShardedDataParallel`) cut that by *sharding*: each rank
+# keeps only $1/N$ of some of these, and the collectives fetch the rest when needed:
+#
+# | stage | sharded over the $N$ ranks | bytes per parameter per rank |
+# | --- | --- | --- |
+# | 0 (DDP) | nothing | $4 + 4 + 8 = 16$ |
+# | 1 (ZeRO-1) | optimizer state | $4 + 4 + 8/N$ |
+# | 2 (ZeRO-2, `SHARD_GRAD_OP`) | + gradients | $4 + 4/N + 8/N$ |
+# | 3 (ZeRO-3, FSDP `FULL_SHARD`) | + parameters | $(4 + 4 + 8)/N$ |
+#
+# **By hand**, 1 billion parameters on 8 GPUs (GB = $10^9$ bytes):
+#
+# * stage 0: $16 \times 10^9$ B $= 16$ GB per GPU;
+# * stage 1: $4 + 4 + 8/8 = 9$ GB;
+# * stage 2: $4 + 0.5 + 1 = 5.5$ GB;
+# * stage 3: $0.5 + 0.5 + 1 = 2$ GB.
+#
+# Stage 3 pays for it in traffic: the parameters of each layer are all-gathered before its
+# forward and again before its backward, about 1.5 times DDP's communication. None of these
+# numbers include activations, which are often the largest part (chapter 10). The 8 bytes of
+# Adam state are measured in the next cell on a small model; the rest is arithmetic.
+
+# %%
+from forge_course.reference.collectives import memory_per_rank
+
+by_hand = {0: 16.0, 1: 9.0, 2: 5.5, 3: 2.0}
+for stage, gigabytes in by_hand.items():
+    computed = memory_per_rank(1e9, 8, stage)["total"] / 1e9
+    print(f"stage {stage}: {computed:g} GB per GPU (by hand {gigabytes:g})")
+    assert computed == gigabytes
+
+probe = torch.nn.Linear(1000, 1000)  # 1,001,000 parameters
+adam = torch.optim.Adam(probe.parameters())
+probe(torch.randn(4, 1000)).sum().backward()
+adam.step()
+n_params = sum(p.numel() for p in probe.parameters())
+state_bytes = sum(
+    t.numel() * t.element_size()
+    for state in adam.state.values()
+    for key, t in state.items()
+    if key != "step"  # one scalar per tensor, not per parameter
+)
+print(f"measured: Adam keeps {state_bytes:,} bytes for {n_params:,} parameters = "
+      f"{state_bytes / n_params:g} bytes per parameter")  # fmt: skip
+assert state_bytes == 8 * n_params
+
+# %% [markdown]
+# ## Simulation: the memory calculator
+#
+# Move **parameters**, **ranks** and **stage**: the bars are the bytes per rank of each stage,
+# stacked as weights, gradients and Adam state, and the outlined bar is the stage you chose.
+# Try 7e9 parameters on 8 ranks: 112 GB per GPU under DDP does not fit an 80 GB GPU; stage 3
+# needs 14 GB.
+#
+# *Without a widget front end this cell shows 1e9 parameters on 8 ranks: bars of 16, 9, 5.5
+# and 2 GB for stages 0 to 3, stage 3 outlined.*
+
+# %%
+from forge_course.sims.ring_allreduce import memory_view
+
+memory_view(params=1e9, ranks=8, stage=3)
+
+# %% [markdown]
+# ## SyncBatchNorm
+#
+# Under DDP, a `BatchNorm` layer normalises with the mean and variance of **its rank's**
+# shard, not of the global batch, and each rank keeps its own running statistics (DDP
+# broadcasts rank 0's buffers at the start of every forward). The fewer examples per rank, the
+# noisier those statistics: with 2 per rank (common in detection and segmentation, where
+# images are large) they can be far from the batch's, and training suffers. `nn.SyncBatchNorm.convert_sync_batchnorm(model)` replaces
+# every BatchNorm with one that exchanges each rank's mean, variance and count in the forward
+# (and the matching gradient sums in the backward), so all ranks normalise with the global
+# batch's statistics, at the cost of extra collectives in every such layer. The cell compares the statistics
+# one rank sees with the global ones, at 8 and at 2 examples per rank.
+
+# %%
+gen = torch.Generator().manual_seed(SEED)
+features = 3.0 + 2.0 * torch.randn(16, generator=gen)  # one channel of a global batch of 16
+print(f"global batch of 16: mean {features.mean():.3f}, var {features.var(unbiased=False):.3f}")
+for per_rank in (8, 2):
+    shard = features[:per_rank]  # rank 0's shard
+    print(f"{per_rank} per rank: rank 0 normalises with mean {shard.mean():.3f}, "
+          f"var {shard.var(unbiased=False):.3f}")  # fmt: skip
+
+# %% [markdown]
+# The mean of $b$ samples with standard deviation 2 is itself off by about $2/\sqrt{b}$:
+# $0.71$ for 8 per rank, $1.41$ for 2 per rank, and the variance of 2 samples can be almost 0,
+# so dividing by its square root blows the normalised values up. With many examples per rank
+# (say 32 or more) plain BatchNorm under DDP is usually fine and SyncBatchNorm only costs time.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# **Question 1 (`ch11_q_ring_steps`).** A ring all-reduce over 4 workers: how many steps? Set
+# `ring_steps` to a number.
+#
+# **Question 2 (`ch11_q_ring_megabytes`).** Each of the 4 workers holds 100 MB of gradients.
+# How many MB does each worker send during the ring all-reduce? Set `ring_megabytes`.
+#
+# **Question 3 (`ch11_q_dataparallel`).** Why does DDP usually train faster than
+# `nn.DataParallel` on the same GPUs? Set `dataparallel_answer` to one letter.
+#
+# * **a**: DataParallel cannot use more than two GPUs.
+# * **b**: DDP runs one process per GPU, so replicas share no GIL, weights are copied once,
+#   and only gradients travel, all-reduced while backward runs; DataParallel scatters the
+#   inputs, copies the weights and gathers the outputs through GPU 0 in one process, every
+#   step.
+# * **c**: DDP does fewer floating-point operations per example.
+# * **d**: DataParallel computes different gradients from one process on the whole batch.
+
+# %% nbgrader={"grade_id": "ch11_questions", "solution": true}
+ring_steps = None
+ring_megabytes = None
+dataparallel_answer = None
+### BEGIN SOLUTION
+ring_steps = 6
+ring_megabytes = 150
+dataparallel_answer = "b"
+### END SOLUTION
+
+# %% nbgrader={"grade_id": "ch11_q_ring_steps", "grade": true, "points": 1}
+from forge_course.grading import check_number
+
+check_number(ring_steps, "ch11_q_ring_steps")
+### BEGIN HIDDEN TESTS
+check_number(
+    ring_steps,
+    "ch11_q_ring_steps",
+    expected=6,
+    hints={
+        3: "that is reduce-scatter alone: the all-gather takes N − 1 more steps.",
+        8: "there are 2(N − 1) steps, not 2N: a ring of N passes a chunk N − 1 times per phase.",
+        4: "one step per worker is not enough: count both phases, N − 1 steps each.",
+    },
+)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade_id": "ch11_q_ring_megabytes", "grade": true, "points": 1}
+from forge_course.grading import check_number
+
+check_number(ring_megabytes, "ch11_q_ring_megabytes")
+### BEGIN HIDDEN TESTS
+check_number(
+    ring_megabytes,
+    "ch11_q_ring_megabytes",
+    expected=150,
+    hints={
+        75: "that is reduce-scatter alone: the all-gather sends as much again.",
+        600: "each step sends one chunk of S/N = 25 MB, not the whole 100 MB.",
+        300: "(N − 1)·S is what the root of a naive all-reduce receives; the ring sends "
+        "2(N − 1) chunks of 25 MB.",
+        200: "2S is the limit for very many workers; with 4 it is 2(N − 1)/N·S.",
+    },
+)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade_id": "ch11_q_dataparallel", "grade": true, "points": 1}
+from forge_course.grading import check_choice
+
+check_choice(dataparallel_answer, "ch11_q_dataparallel", choices="abcd")
+### BEGIN HIDDEN TESTS
+check_choice(
+    dataparallel_answer,
+    "ch11_q_dataparallel",
+    choices="abcd",
+    correct="b",
+    why_not={
+        "a": "DataParallel uses every visible GPU; the trouble is how, not how many.",
+        "c": "both run the same forward and backward per example; the difference is overhead.",
+        "d": "DataParallel's gradients are the whole batch's too; it is slower, not wrong.",
+    },
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Summary: the lines this chapter taught
+#
+# ```python
+# dist.init_process_group("gloo" if cpu else "nccl", ...)  # without it: no group, no all-reduce
+# sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=SEED)
+#                                              # without it: every rank trains on the same data
+# loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world_size, sampler=sampler)
+#                                              # whole GLOBAL_BATCH per rank: the steps change
+# model = DistributedDataParallel(model)       # without it: ranks drift apart, no averaging
+# sampler.set_epoch(epoch)                     # without it: every epoch repeats epoch 0's order
+# torch.save(model.module.state_dict(), path)  # model.state_dict(): every key gets "module."
+# dist.destroy_process_group()                 # in a finally: or a failed run can hang
+# ```
+#
+# * Averaging the gradients of equal shards gives the whole batch's gradient ($-22.5$ both
+#   ways); DDP matches one process to about $10^{-7}$, not bit for bit, because the sums run
+#   in another order.
+# * A ring all-reduce takes $2(N - 1)$ steps and sends $2(N - 1)/N \cdot S$ per worker:
+#   6 steps and 150 MB for 4 workers and 100 MB.
+# * Start processes with `torchrun` (gloo on CPU, NCCL on GPU), not `nn.DataParallel`.
+# * Scale the learning rate with the global batch as a heuristic, with warm-up, and check it.
+# * Per rank, fp32 + Adam costs 16 bytes per parameter under DDP; ZeRO-1/2/3 (FSDP) shard the
+#   optimizer state, the gradients and the parameters: 16, 9, 5.5 and 2 GB for 1B parameters
+#   on 8 GPUs.
+# * `SyncBatchNorm` shares BatchNorm's statistics between ranks; it matters with small
+#   per-rank batches.
+#
+# Next, chapter 12 puts the whole loop on one page.

@@ -1,0 +1,44 @@
+"""The memory-vs-compute engine, driven headless: exact bytes, cached answers, a drawable figure."""
+
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from forge_course.sims import memory_compute as mc  # noqa: E402
+
+SMALL = {"n_layers": 6, "width": 8, "batch": 4, "repeats": 2}
+
+
+def test_bytes_match_the_hand_count():
+    plain, *rest = mc.measure_all(**SMALL)
+    boundary = 4 * 8 * 4  # one block's input: batch 4 × width 8 × 4 bytes
+    assert plain.segments == 0 and plain.saved_bytes == 6 * 9 * boundary
+    for m in rest:
+        assert m.saved_bytes == m.segments * boundary
+        longest = -(-6 // m.segments)
+        assert m.peak_bytes == m.saved_bytes + longest * 9 * boundary - boundary
+        assert m.ms_per_step > 0
+
+
+def test_one_segment_saves_nothing_at_the_peak_and_more_segments_do():
+    plain, *rest = mc.measure_all(**SMALL)
+    assert rest[0].peak_bytes == plain.saved_bytes
+    assert min(m.peak_bytes for m in rest) < plain.saved_bytes / 2
+
+
+def test_measurements_are_cached():
+    mc.measure_all(**SMALL)
+    start = time.perf_counter()
+    mc.measure_all(**SMALL)
+    assert time.perf_counter() - start < 0.05
+
+
+def test_draw_marks_the_chosen_segment_count():
+    fig = mc.draw(mc.measure_all(**SMALL), current=3)
+    mem, speed = fig.axes
+    assert "k = 3" in mem.get_title() and mem.get_xlabel() and mem.get_ylabel()
+    assert speed.get_xlabel() and speed.get_ylabel()
+    assert "×" in speed.get_title()
+    matplotlib.pyplot.close(fig)
