@@ -26,6 +26,7 @@ to show it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -45,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from forge_course.device import pick_device, tolerance
+from forge_course.reference.guard import reference
 
 __all__ = [
     "ddp_worker",
@@ -177,8 +179,10 @@ def _train_rank(
         )
         dist.barrier()  # no rank tears down its group while a peer still talks to it
     finally:
-        # DDP's reducer holds the process group: release it first, or gloo can abort at exit.
+        # DDP's reducer holds the process group: free it (cycles included) before the group,
+        # or gloo can abort at interpreter exit.
         model = None
+        gc.collect()
         dist.destroy_process_group()
     summary = {
         "rank": rank,
@@ -193,6 +197,7 @@ def _train_rank(
     return summary, weights
 
 
+@reference
 def ddp_worker(
     rank: int,
     world_size: int,
