@@ -89,9 +89,12 @@ def _a_slider_changes_the_picture(page) -> bool:
 def test_chapter_runs_in_jupyterlab_with_live_widgets(browser_page, chapter):
     base, page = browser_page
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    source = (REPO / "notebooks" / chapter / f"{chapter}.ipynb").read_text()
+    has_widgets = "ipywidgets" in source or "_view(" in source  # chapter 12 needs none
     try:
         _open_and_run_all(page, base, f"notebooks/{chapter}/{chapter}.ipynb")
-        assert page.locator(".jupyter-widgets").count() > 0, "no widget rendered"
+        if has_widgets:
+            assert page.locator(".jupyter-widgets").count() > 0, "no widget rendered"
         outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
         as_text = [t for t in outputs if t.startswith(("VBox(", "HBox(", "IntSlider("))]
         assert not as_text, f"widgets shown as text: {as_text[:2]}"

@@ -67,8 +67,10 @@ def _works(command: list[str]) -> bool:
 def _command(workdir: Path, hidden: list[Path], mode: str) -> list[str]:
     worker = [sys.executable, "-m", "forge_course.grader.worker"]
     if mode == "bubblewrap":
+        # The whole file system read-only (the course and its venv may live anywhere, /tmp
+        # included), the worker's own folder writable, the grading files hidden below.
         command = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        command += ["--tmpfs", "/tmp", "--bind", str(workdir), str(workdir)]
+        command += ["--bind", str(workdir), str(workdir)]
         for path in hidden:
             if path.exists():
                 command += ["--tmpfs", str(path)]
