@@ -56,6 +56,13 @@ ALL_RAN = """() => {
 def _open_and_run_all(page, base: str, path: str) -> None:
     page.goto(f"{base}/lab/tree/{path}?token={TOKEN}&reset")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    # A fresh Lab may ask which kernel to start for the first notebook it opens.
+    accept = page.locator(".jp-Dialog button.jp-mod-accept")
+    try:
+        accept.wait_for(timeout=5_000)
+        accept.click()
+    except Exception:  # noqa: BLE001  (no dialog: the kernel started by itself)
+        pass
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
     page.locator(".lm-MenuBar-item", has_text="Run").first.click(timeout=10_000)
     page.click("li.lm-Menu-item[data-command='runmenu:run-all']", timeout=10_000)
@@ -66,21 +73,27 @@ PICTURES = "() => [...document.querySelectorAll('.jupyter-widgets img')].map(i =
 
 
 def _a_slider_changes_the_picture(page) -> bool:
-    """Move each widget slider in turn (up, or down when at its end) until a picture changes."""
+    """Move each slider (up, or down at its end), then press buttons, until a picture changes."""
     handles = page.locator(".jupyter-widgets .noUi-handle")
     if page.locator(".jupyter-widgets img").count() == 0 or handles.count() == 0:
         return True  # a chapter without a picture-drawing slider has nothing to check here
-    for index in range(min(handles.count(), 4)):
-        for key in ("ArrowRight", "ArrowLeft"):
-            before = page.evaluate(PICTURES)
-            handles.nth(index).focus()
+    moves = [(handles.nth(i), key) for i in range(min(handles.count(), 4))
+             for key in ("ArrowRight", "ArrowLeft")]  # fmt: skip
+    buttons = page.locator(".jupyter-widgets button")
+    moves += [(buttons.nth(i), "click") for i in range(min(buttons.count(), 3))]
+    for control, action in moves:
+        before = page.evaluate(PICTURES)
+        if action == "click":
+            control.click()
+        else:
+            control.focus()
             for _ in range(2):
-                page.keyboard.press(key)
-            try:
-                page.wait_for_function(f"b => ({PICTURES})() !== b", arg=before, timeout=15_000)
-                return True
-            except Exception:  # noqa: BLE001  (this slider did not move the picture; try the next)
-                continue
+                page.keyboard.press(action)
+        try:
+            page.wait_for_function(f"b => ({PICTURES})() !== b", arg=before, timeout=15_000)
+            return True
+        except Exception:  # noqa: BLE001  (this control did not change the picture; try the next)
+            continue
     return False
 
 
