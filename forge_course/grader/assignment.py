@@ -20,6 +20,9 @@ import nbformat
 from forge_course.grading.core import Exercise
 
 
+INSTALL_TAG = "colab-install"  # the first cell that installs forge_course on Colab
+
+
 @dataclass
 class Assignment:
     id: str
@@ -71,7 +74,15 @@ def load(assignment_id: str, source: Path, release: Path | None = None) -> Assig
     for index, exercise in enumerate(module.EXERCISES):
         exercises.setdefault(exercise.grade_id, []).append((index, exercise))
     code = [c for c in nb.cells if c.cell_type == "code"]
-    prelude = next((c.source for c in code if "nbgrader" not in c.metadata), "")
+    # The set-up cell: the first plain code cell, past the Colab install cell if there is one.
+    prelude = next(
+        (
+            c.source
+            for c in code
+            if "nbgrader" not in c.metadata and INSTALL_TAG not in c.metadata.get("tags", [])
+        ),
+        "",
+    )
     points, question_tests, question_cells = {}, {}, {}
     for cell in code:
         meta = cell.metadata.get("nbgrader", {})
