@@ -19,7 +19,6 @@ import nbformat
 
 from forge_course.grading.core import Exercise
 
-
 INSTALL_TAG = "colab-install"  # the first cell that installs forge_course on Colab
 
 

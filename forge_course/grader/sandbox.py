@@ -1,15 +1,17 @@
-"""Run the worker in the strongest isolation this machine offers, within time and memory limits.
+"""Run learner code in the strongest isolation this machine offers, within limits.
 
 Layers, from always to where available:
 
-1. A separate process in its own session, with resource limits: address space (a memory bomb
-   fails inside the worker), number of processes (a fork bomb stops at the cap), file size and
-   CPU time. The grader kills the whole process group at the wall-clock limit, so a loop that
-   swallows every exception still ends.
+1. A worker process per submission, in its own process group, that forks a child per exercise
+   with resource limits: address space (a memory bomb fails inside the child), processes (a
+   fork bomb stops at the cap), file size and CPU time. The grader kills the worker's group at
+   the wall-clock limit, so a loop that swallows every exception still ends.
 2. A scrubbed environment and an empty temporary working folder: no grader variables to detect.
+   A grader running as root runs each worker as a user of its own, without capabilities.
 3. ``bwrap`` (bubblewrap): the file system read-only, the grading workspace and the course's
-   sources hidden behind empty folders, no network, its own process ids. Without bubblewrap,
-   ``unshare --net`` still removes the network.
+   sources hidden behind empty folders, no network, its own process ids (every process a job
+   leaves behind is killed when it ends). Without bubblewrap, ``unshare --net`` still removes
+   the network.
 
 What a department should add in production is written in the README's grader section.
 """
@@ -19,28 +21,33 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from forge_course.grader import cgroup
+
 
 @dataclass(frozen=True)
 class Limits:
-    seconds: float = 60.0  # wall clock for one exercise, imports included
+    seconds: float = 60.0  # wall clock for one exercise
+    submission_seconds: float = 600.0  # wall clock for all of one submission's exercises
     memory_mb: int = 4096  # address space; torch alone maps about 1.5 GB of it
-    processes: int = 512  # per user: counts the grader's own, so not tiny
+    processes: int = 64  # processes and threads a job may add (per sandbox user)
     file_mb: int = 64
+    startup_seconds: float = 120.0  # the worker's own imports, not charged to the learner
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What came back from one worker run."""
+    """What came back from one job."""
 
     messages: list[dict]
     status: str  # "finished", "timeout", "resource limit" or "crashed"
@@ -64,33 +71,49 @@ def _works(command: list[str]) -> bool:
         return False
 
 
-def _command(workdir: Path, hidden: list[Path], mode: str) -> list[str]:
-    worker = [sys.executable, "-m", "forge_course.grader.worker"]
+def _tasks_of(uid: int) -> int:
+    """Processes and threads owned by ``uid`` now: what the kernel's process limit counts."""
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+            if int(fields["Uid"].split()[0]) == uid:
+                count += int(fields["Threads"])
+    return count
+
+
+def _command(workdir: Path, hidden: list[Path], mode: str, limits: Limits, capped: bool):
+    # The per-user process limit counts the grader's own processes too: allow for them, unless
+    # a control group already caps the sandbox (root is exempt from the per-user limit anyway).
+    own = 0 if capped or os.geteuid() == 0 else _tasks_of(os.getuid())
+    job_limits = {
+        "seconds": limits.seconds,
+        "memory_mb": limits.memory_mb,
+        "processes": limits.processes + own,
+        "file_mb": limits.file_mb,
+    }
+    worker = [sys.executable, "-m", "forge_course.grader.worker", json.dumps(job_limits)]
     if mode == "bubblewrap":
         # The whole file system read-only (the course and its venv may live anywhere, /tmp
-        # included), the worker's own folder writable, the grading files hidden below.
+        # included), the worker's own folder writable, the grading files hidden below, and no
+        # capabilities, so a grader running as root cannot be undone by unmounting them.
         command = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         command += ["--bind", str(workdir), str(workdir)]
         for path in hidden:
             if path.exists():
                 command += ["--tmpfs", str(path)]
-        command += ["--unshare-net", "--unshare-pid", "--die-with-parent", "--chdir", str(workdir)]
-        return command + worker
+        command += ["--unshare-net", "--unshare-pid", "--die-with-parent", "--cap-drop", "ALL"]
+        command += ["--chdir", str(workdir)]
+        return command + worker + ["--own-pid-namespace"]
     if mode == "network namespace":
         return ["unshare", "--net", *worker]
     return worker
 
 
-def _limit(limits: Limits):
+def _start_in(groups: list[Path]):
     def apply() -> None:
-        os.setsid()
-        memory = limits.memory_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-        size = limits.file_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-        cpu = int(limits.seconds) + 5
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        os.setsid()  # its own process group: the grader kills the group at once
+        cgroup.join(groups)
 
     return apply
 
@@ -104,43 +127,128 @@ def _environment(workdir: Path) -> dict[str, str]:
     return env
 
 
-def run(job: dict, limits: Limits, hidden: list[Path], mode: str | None = None) -> Outcome:
-    """Run one job in a fresh worker and collect its messages, enforcing ``limits``."""
-    mode = mode or isolation()
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="forge-worker-") as tmp:
-        workdir = Path(tmp)
-        process = subprocess.Popen(
-            _command(workdir, hidden, mode),
+class Session:
+    """One submission's sandbox: a warm worker that runs its jobs one by one.
+
+    The worker imports torch once; each job runs in a child it forks. A job that overruns its
+    time, or kills the worker, ends the worker: the next job starts a fresh one, so the other
+    exercises are still graded. The time a worker spends starting is not charged to the learner.
+    """
+
+    def __init__(self, limits: Limits, hidden: list[Path], mode: str | None = None):
+        self.limits, self.hidden, self.mode = limits, hidden, mode or isolation()
+        self.spent = 0.0  # seconds of the submission's time limit used so far
+        self.process: subprocess.Popen | None = None
+        self._workdir = tempfile.TemporaryDirectory(prefix="forge-")
+        self._groups = cgroup.make(limits.processes, limits.memory_mb)
+        self._hits = 0
+        self._jobs = 0
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop()
+        cgroup.remove(self._groups)
+        self._workdir.cleanup()
+
+    def _start(self) -> None:
+        """Start a worker and wait until it is ready: a failure here is the grader's, not the
+        learner's, so it stops the run instead of scoring anything."""
+        workdir = Path(self._workdir.name)
+        self.process = subprocess.Popen(
+            _command(workdir, self.hidden, self.mode, self.limits, bool(self._groups)),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             cwd=workdir,
             env=_environment(workdir),
-            preexec_fn=_limit(limits),
+            preexec_fn=_start_in(self._groups),
             text=True,
         )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(self.process, self._lines), daemon=True).start()
         try:
-            stdout, _ = process.communicate(json.dumps(job), timeout=limits.seconds)
-            status = "finished"
-        except subprocess.TimeoutExpired:
-            _kill(process)
-            stdout, _ = process.communicate()
-            status = "timeout"
-        messages = []
-        for line in stdout.splitlines():
-            try:
-                message = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a stray write to the channel: ignored, it cannot forge a verdict
-            if isinstance(message, dict):
-                messages.append(message)
+            ready = self._lines.get(timeout=self.limits.startup_seconds)
+        except queue.Empty:
+            ready = None
+        if not (ready and json.loads(ready).get("ready")):
+            self._stop()
+            raise RuntimeError(f"the grading worker did not start ({' '.join(self.process.args)})")
+
+    @staticmethod
+    def _read(process: subprocess.Popen, lines: queue.Queue) -> None:
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    def _stop(self) -> None:
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+
+    def run(self, job: dict) -> Outcome:
+        """Run one job within the exercise's and the submission's time limits."""
+        left = self.limits.submission_seconds - self.spent
+        if left <= 0:
+            detail = f"the submission's {self.limits.submission_seconds:g} s were used up"
+            return Outcome([], "timeout", detail)
+        if self.process is None:
+            self._start()
+        budget = min(self.limits.seconds, left)
+        self._jobs += 1
+        job = {**job, "id": self._jobs}
+        start = time.monotonic()
+        reply = None
+        try:
+            self.process.stdin.write(json.dumps(job) + "\n")
+            self.process.stdin.flush()
+            while reply is None or reply.get("id") != job["id"]:
+                line = self._lines.get(timeout=max(0.0, start + budget - time.monotonic()))
+                if line is None:
+                    break  # the worker itself is gone
+                reply = json.loads(line)
+        except queue.Empty:
+            reply = None
+        except BrokenPipeError:
+            reply = None
         seconds = time.monotonic() - start
-        if status == "timeout":
-            return Outcome(messages, status, f"stopped after {limits.seconds:g} s", seconds)
-        if any(m.get("done") for m in messages):
-            return Outcome(messages, "finished", "", seconds)
-        return Outcome(messages, *_why_it_died(process.returncode, messages), seconds)
+        self.spent += seconds
+        if reply is None or reply.get("id") != job["id"]:
+            self._stop()  # whatever it sent before it was stopped proves nothing
+            outcome = Outcome([], "timeout", f"stopped after {budget:g} s", seconds)
+            if seconds < budget:
+                outcome = Outcome([], "crashed", "the grading worker ended", seconds)
+        else:
+            messages = _messages(reply["output"])
+            outcome = Outcome(messages, "finished", "", seconds)
+            if not any(m.get("done") for m in messages):
+                outcome = Outcome(messages, *_why_it_died(reply["exit"], messages), seconds)
+        hits, self._hits = self._hits, cgroup.limit_hits(self._groups)
+        if self._hits > hits:  # the sandbox's process or memory cap refused something
+            detail = "the submission went over its process or memory cap"
+            return Outcome(outcome.messages, "resource limit", detail, seconds)
+        return outcome
+
+
+def _messages(output: str) -> list[dict]:
+    messages = []
+    for line in output.splitlines():
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a stray write to the channel: ignored, it cannot forge a verdict
+        if isinstance(message, dict):
+            messages.append(message)
+    return messages
+
+
+def run(job: dict, limits: Limits, hidden: list[Path], mode: str | None = None) -> Outcome:
+    """Run one job in a sandbox of its own."""
+    with Session(limits, hidden, mode) as box:
+        return box.run(job)
 
 
 def _why_it_died(code: int, messages: list[dict]) -> tuple[str, str]:
@@ -148,8 +256,3 @@ def _why_it_died(code: int, messages: list[dict]) -> tuple[str, str]:
     if "MemoryError" in text or code in (-signal.SIGKILL, -signal.SIGSEGV, -signal.SIGXCPU):
         return "resource limit", f"the worker exceeded a limit (exit {code})"
     return "crashed", f"the worker ended before finishing (exit {code})"
-
-
-def _kill(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)

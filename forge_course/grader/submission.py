@@ -58,19 +58,20 @@ def grade_notebook(
     except Exception as err:  # noqa: BLE001  (any unreadable file is malformed, nothing else)
         return _all_of(assignment, tests, "malformed", f"The notebook cannot be read: {err}")
     results: dict[str, CellResult] = {}
-    for solution_id, records in assignment.exercises.items():
-        test = assignment.test_for(solution_id)
-        for index, exercise in records:  # every record must pass: the reference, then oracles
-            results[test] = _grade_exercise(
-                assignment, index, exercise, answers.get(solution_id), test, limits, hidden
-            )
-            if results[test].status != "graded":
-                break
-    results.update(_grade_questions(assignment, answers, limits, hidden))
+    with sandbox.Session(limits, hidden) as box:  # one warm worker for the whole submission
+        for solution_id, records in assignment.exercises.items():
+            test = assignment.test_for(solution_id)
+            for index, exercise in records:  # every record must pass: reference, then oracles
+                results[test] = _grade_exercise(
+                    assignment, index, exercise, answers.get(solution_id), test, box
+                )
+                if results[test].status != "graded":
+                    break
+        results.update(_grade_questions(assignment, answers, box))
     return {t: results.get(t, CellResult("missing", 0.0, assignment.test_points[t])) for t in tests}
 
 
-def _grade_exercise(assignment, index, exercise, answer, test, limits, hidden) -> CellResult:
+def _grade_exercise(assignment, index, exercise, answer, test, box) -> CellResult:
     top = assignment.test_points[test]
     if answer is None:
         return CellResult("missing", 0.0, top, f"The answer cell {exercise.grade_id} is missing.")
@@ -84,7 +85,7 @@ def _grade_exercise(assignment, index, exercise, answer, test, limits, hidden) -
         "exercise": {"module": assignment.module, "index": index},
         "cases": cases,
     }
-    outcome = sandbox.run(job, limits, hidden)
+    outcome = box.run(job)
     ran = next((m for m in outcome.messages if "ran" in m or "error" in m), {})
     if outcome.status != "finished":
         # Whatever it sent before it was stopped proves nothing: it could have been forged.
@@ -122,14 +123,14 @@ def _limit_message(outcome: sandbox.Outcome, ran: dict) -> str:
     return f"{what} ({outcome.detail})."
 
 
-def _question_values(answer, names, limits, hidden) -> tuple[str, str, dict]:
+def _question_values(answer, names, box) -> tuple[str, str, dict]:
     """(status, message, plain values) of one question cell, run alone in a worker."""
     if answer is None:
         return "missing", "The answer cell of these questions is missing.", {}
     reasons = tamper.findings(answer)
     if reasons:
         return "tampered", "Not graded: your answer " + "; ".join(reasons), {}
-    outcome = sandbox.run({"prelude": "", "answer": answer, "variables": names}, limits, hidden)
+    outcome = box.run({"prelude": "", "answer": answer, "variables": names})
     if outcome.status != "finished":
         return outcome.status, _limit_message(outcome, {}), {}
     sent = next((m["variables"] for m in outcome.messages if "variables" in m), None)
@@ -142,10 +143,10 @@ def _names_used(source: str) -> set[str]:
     return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
 
 
-def _grade_questions(assignment, answers, limits, hidden) -> dict[str, CellResult]:
+def _grade_questions(assignment, answers, box) -> dict[str, CellResult]:
     """Each question cell runs in its own worker; each question's test code runs here."""
     cells = {
-        cell: (names, _question_values(answers.get(cell), names, limits, hidden))
+        cell: (names, _question_values(answers.get(cell), names, box))
         for cell, names in assignment.question_cells.items()
     }
     results = {}

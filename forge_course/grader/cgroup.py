@@ -1,0 +1,96 @@
+"""A control group per sandbox, where the machine lets the grader make one.
+
+Resource limits (rlimits) bound each process, but the process limit counts every process of the
+user, and root is exempt from it; a control group bounds the sandbox as a whole: at most
+``pids`` processes and ``memory_mb`` of memory for everything the submission starts. Version 1
+(one hierarchy per controller) and version 2 (one hierarchy) are both tried, below the grader's
+own group. Where no hierarchy is writable, `make` returns None and the rlimits remain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+# (v1 controller folder, file, v2 file): the same limit under both versions' names
+LIMITS = {"pids": ("pids", "pids.max", "pids.max"),
+          "memory": ("memory", "memory.limit_in_bytes", "memory.max")}  # fmt: skip
+
+
+def _own_paths() -> dict[str, str]:
+    """This process's group in each hierarchy: {"pids": "/a/b", "": "/c"} ("" is version 2)."""
+    paths = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            paths[controller] = path
+    return paths
+
+
+def _make_one(kind: str, value: str, own: dict[str, str], name: str) -> Path | None:
+    folder, v1_file, v2_file = LIMITS[kind]
+    candidates = []
+    if folder in own:
+        candidates.append((ROOT / folder / own[folder].lstrip("/") / name, v1_file))
+    if "" in own:
+        candidates.append((ROOT / own[""].lstrip("/") / name, v2_file))
+    for group, file in candidates:
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        try:
+            (group / file).write_text(value)
+            return group
+        except OSError:
+            group.rmdir()
+    return None
+
+
+def make(pids: int, memory_mb: int) -> list[Path]:
+    """New groups limiting processes and memory; empty where the machine does not allow it."""
+    try:
+        own = _own_paths()
+    except OSError:
+        return []
+    name = f"forge-sandbox-{uuid.uuid4().hex[:12]}"
+    wanted = {"pids": str(pids), "memory": str(memory_mb * 2**20)}
+    made = [_make_one(kind, value, own, name) for kind, value in wanted.items()]
+    return [group for group in made if group is not None]
+
+
+def join(groups: list[Path]) -> None:
+    """Move the calling process into ``groups`` (called in the sandbox before it starts)."""
+    for group in groups:
+        (group / "cgroup.procs").write_text("0")
+
+
+def remove(groups: list[Path], wait: float = 5.0) -> None:
+    """Delete the groups once every process in them has ended (killed processes take a moment
+    to leave, so an empty-looking group can still be busy)."""
+    deadline = time.monotonic() + wait
+    for group in groups:
+        while group.exists():
+            try:
+                group.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+
+
+def limit_hits(groups: list[Path]) -> int:
+    """How often a process or memory limit of ``groups`` has refused or killed something."""
+    hits = 0
+    for group in groups:
+        for file, key in (("pids.events", "max"), ("memory.events", "max")):
+            with contextlib.suppress(OSError, ValueError):
+                for line in (group / file).read_text().splitlines():
+                    name, count = line.split()
+                    hits += int(count) if name == key else 0
+        with contextlib.suppress(OSError, ValueError):
+            hits += int((group / "memory.failcnt").read_text())
+    return hits
