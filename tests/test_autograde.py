@@ -15,6 +15,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
+from forge_course.grader import run as grader_run
 from forge_course.release import build_sources, generate_release
 from tests.conftest import CHAPTERS, REPO
 
@@ -129,6 +130,18 @@ def test_round_trip(chapter, tmp_path):
                 problems.append(f"{student} keeps the points of {test}")
             elif failing[test] not in said:
                 problems.append(f"{student}: {test} should say {failing[test]!r}; it says {said!r}")
+
+    # forge-course grade, on the same submissions, in isolated workers, agrees point for point.
+    forge = grader_run.grade([chapter], submitted=root / "grading" / "submitted", jobs=1,
+                             progress=False, course_root=REPO, grading=root / "forge")  # fmt: skip
+    for student in students:
+        for test, (score, _) in scores[student].items():
+            result = forge[(student, chapter)][test]
+            if result["points"] != score:
+                problems.append(
+                    f"forge-course grade gives {student} {result['points']} on {test}, "
+                    f"nbgrader {score}: {result['status']}: {result['message'][:300]}"
+                )
 
     run = _nbgrader(root, "generate_feedback", chapter, "--student", "wrong_1", "--force")
     assert run.returncode == 0, run.stdout + run.stderr

@@ -122,6 +122,12 @@ def _feedback(grading: Path, assignment_id: str, student: str, results: dict) ->
     _write_atomically(path, page)
 
 
+def hidden_paths(course_root: Path, grading: Path) -> list[Path]:
+    """What no submission may read: solutions, built sources with hidden tests, the tests, and
+    the grading workspace (gradebook, other submissions, ledger, feedback)."""
+    return [course_root / "solutions", course_root / "build", course_root / "tests", grading]
+
+
 def discover(submitted: Path, only: list[str] | None) -> list[tuple[str, str, Path]]:
     """(student, assignment, folder) for every submission folder."""
     found = []
@@ -141,9 +147,10 @@ def grade(
     limits: sandbox.Limits | None = None,
     force: bool = False,
     progress: bool = True,
+    grading: Path | None = None,
 ) -> dict[tuple[str, str], dict]:
     """Grade every submission; return ``{(student, assignment): {cell: result dict}}``."""
-    grading = grading_dir(course_root)
+    grading = grading or grading_dir(course_root)
     limits = limits or sandbox.Limits()
     submitted = submitted or grading / "submitted"
     known = set(chapter_ids(course_root))
@@ -154,7 +161,7 @@ def grade(
     for a in sorted({w[1] for w in work}):
         _ensure_in_gradebook(course_root, grading, a)
         loaded[a] = assignments.load(a, source_root / a / f"{a}.ipynb")
-    hidden = [course_root / "solutions", course_root / "build", course_root / "tests", grading]
+    hidden = hidden_paths(course_root, grading) + [submitted]  # the class's notebooks too
 
     def one(student: str, assignment_id: str, folder: Path) -> tuple[str, str, dict, str]:
         path = assignments.find_notebook(folder, assignment_id)

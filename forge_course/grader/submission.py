@@ -86,6 +86,8 @@ def _grade_exercise(assignment, index, exercise, answer, test, box) -> CellResul
         "cases": cases,
     }
     outcome = box.run(job)
+    if patched := _patched(outcome):
+        return CellResult("tampered", 0.0, top, patched)
     ran = next((m for m in outcome.messages if "ran" in m or "error" in m), {})
     if outcome.status != "finished":
         # Whatever it sent before it was stopped proves nothing: it could have been forged.
@@ -100,12 +102,24 @@ def _grade_exercise(assignment, index, exercise, answer, test, box) -> CellResul
         if "mistake" in message:
             if "MemoryError" in message["mistake"]:
                 return CellResult("resource limit", 0.0, top, "Your code ran out of memory.")
+            if "BlockingIOError" in message["mistake"]:  # fork refused: the process cap
+                return CellResult(
+                    "resource limit", 0.0, top, "Your code started too many processes."
+                )
             return CellResult("wrong", 0.0, top, _with_cell_error(message["mistake"], ran))
         try:
             exercise.judge(case, codec.from_plain(message["observation"]))
         except Mistake as mistake:
             return CellResult("wrong", 0.0, top, str(mistake))
     return CellResult("graded", top, top, "")
+
+
+def _patched(outcome: sandbox.Outcome) -> str:
+    """The worker's report that learner code replaced what the grading relies on, if any."""
+    names = next((m["tampered"] for m in outcome.messages if "tampered" in m), None)
+    if not names:
+        return ""
+    return "Not graded: while it ran, your code replaced " + ", ".join(f"`{n}`" for n in names)
 
 
 def _with_cell_error(text: str, ran: dict) -> str:
@@ -131,6 +145,8 @@ def _question_values(answer, names, box) -> tuple[str, str, dict]:
     if reasons:
         return "tampered", "Not graded: your answer " + "; ".join(reasons), {}
     outcome = box.run({"prelude": "", "answer": answer, "variables": names})
+    if patched := _patched(outcome):
+        return "tampered", patched, {}
     if outcome.status != "finished":
         return outcome.status, _limit_message(outcome, {}), {}
     sent = next((m["variables"] for m in outcome.messages if "variables" in m), None)

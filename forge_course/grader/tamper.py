@@ -73,12 +73,25 @@ def _dotted(node: ast.AST) -> str:
     return ""
 
 
-def _patches(target: ast.AST) -> str | None:
+def _aliases(tree: ast.AST) -> set[str]:
+    """Names bound to protected modules or their members: ``import torch as T`` protects T."""
+    names = set(PROTECTED_MODULES)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            for alias in node.names:
+                root = (module or alias.name).split(".")[0]
+                if root in PROTECTED_MODULES:
+                    names.add(alias.asname or alias.name.split(".")[0])
+    return names
+
+
+def _patches(target: ast.AST, protected: set[str]) -> str | None:
     name = _dotted(target)
     if "." not in name:
         return None
     root = name.split(".")[0]
-    if root in PROTECTED_MODULES and not name.startswith(ALLOWED_SETTINGS):
+    if root in protected and not name.startswith(ALLOWED_SETTINGS):
         return f"patches `{name}`"
     return None
 
@@ -90,6 +103,7 @@ def findings(source: str) -> list[str]:
     except SyntaxError:
         return []  # running it reports the syntax error as the learner's mistake
     found: list[str] = []
+    protected = _aliases(tree)
 
     def add(node: ast.AST, reason: str) -> None:
         line = f"line {getattr(node, 'lineno', '?')}: {reason}"
@@ -108,7 +122,7 @@ def findings(source: str) -> list[str]:
         elif isinstance(node, ast.Call):
             name = _dotted(node.func)
             if name == "setattr" and node.args:
-                reason = _patches(ast.Attribute(value=node.args[0], attr="_"))
+                reason = _patches(ast.Attribute(value=node.args[0], attr="_"), protected)
                 if reason:
                     add(node, reason.replace("._`", "`"))
             elif FORBIDDEN_CALLS.get(name):
@@ -116,7 +130,7 @@ def findings(source: str) -> list[str]:
         elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
             targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
             for target in targets:
-                reason = _patches(target)
+                reason = _patches(target, protected)
                 if reason:
                     add(node, reason)
         elif isinstance(node, ast.ClassDef):

@@ -45,13 +45,50 @@ def _not_dumpable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
+# What learner code must leave alone: patching any of these could bend an observation.
+WATCHED_MODULES = ("builtins", "math", "json", "numpy", "torch", "torch.nn.functional",
+                   "torch.testing", "torch.autograd", "torch.optim")  # fmt: skip
+
+
+def _watched() -> dict[str, int]:
+    """The identity of every function and class the grading relies on, and of its code."""
+    owners = [(m, sys.modules[m]) for m in WATCHED_MODULES if m in sys.modules]
+    owners += [(m, mod) for m, mod in list(sys.modules.items()) if m.startswith("forge_course")]
+    import torch
+
+    owners += [("torch.Tensor", torch.Tensor), ("torch.nn.Module", torch.nn.Module),
+               ("torch.optim.Optimizer", torch.optim.Optimizer)]  # fmt: skip
+    seen = {}
+    for name, owner in owners:
+        for attr, value in list(vars(owner).items()):
+            if callable(value):
+                seen[f"{name}.{attr}"] = id(value)
+                code = getattr(value, "__code__", None)
+                if code is not None:
+                    seen[f"{name}.{attr}.__code__"] = id(code)
+    return seen
+
+
+def _replaced(before: dict[str, int]) -> list[str]:
+    after = _watched()
+    return sorted({k.removesuffix(".__code__") for k, v in before.items() if after.get(k) != v})
+
+
 def _run_job(job: dict, namespace: dict, prelude_error: str | None, channel) -> None:
     """In the child: run the learner's cell, then the exercise's observations."""
     from forge_course.grader.codec import to_plain
     from forge_course.grading.core import Mistake
 
+    watched = _watched()
+
     def send(message: dict) -> None:
+        replaced = _replaced(watched)
+        if replaced:  # checked before every message: nothing is sent from a patched world
+            message = {"tampered": replaced}
         channel.write(json.dumps(message, allow_nan=False) + "\n")
+        if replaced:
+            channel.flush()
+            os._exit(0)
 
     if prelude_error:
         send({"error": prelude_error})
@@ -143,7 +180,8 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
     os.dup2(2, 1)  # anything printed goes to stderr, never to the grader's channel
     sys.stdout = sys.stderr
     _not_dumpable()
-    import torch  # noqa: F401  (the expensive import, paid once per submission)
+    import torch  # the expensive imports, paid once per submission
+    import torch._dynamo  # noqa: F401  (an optimizer imports it; it rewraps torch functions)
 
     import forge_course.grader.codec  # noqa: F401
     import forge_course.grading.core  # noqa: F401
