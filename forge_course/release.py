@@ -9,6 +9,8 @@
 Sources write only what matters on a cell (``nbgrader={"grade_id": ..., "solution": true}``);
 the build fills in nbgrader's other fields, gives every cell a stable id (jupytext would draw
 random ones), and drops volatile metadata so a rebuild of unchanged sources changes no byte.
+It also adds what Colab needs (`forge_course.colab`): an "Open in Colab" badge under each
+chapter's title, and the install cell before its first code cell.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import nbformat
 
+from forge_course import colab
 from forge_course.chapters import CHAPTERS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,12 +70,29 @@ def source_notebook(source: Path) -> nbformat.NotebookNode:
             cell.id = f"{chapter[:4]}-{index:02d}-{digest}"
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+    _add_colab(nb, chapter)
     nb.metadata = {
         "kernelspec": KERNELSPEC,
         "language_info": {"name": "python"},
     }
     nb.nbformat, nb.nbformat_minor = 4, 5
     return nb
+
+
+def _add_colab(nb: nbformat.NotebookNode, chapter: str) -> None:
+    """The Colab badge under the chapter's title; the install cell before its first code cell.
+
+    Added after the cell ids are drawn, so the chapter's own cells keep theirs.
+    """
+    url = colab.repository_url()
+    title = nb.cells[0]
+    if title.cell_type != "markdown":
+        raise ValueError(f"{chapter} must open with a markdown cell: its title and objectives")
+    title.source = colab.with_badge(
+        title.source, colab.colab_badge(url, f"notebooks/{chapter}/{chapter}.ipynb")
+    )
+    first_code = next(i for i, cell in enumerate(nb.cells) if cell.cell_type == "code")
+    nb.cells.insert(first_code, colab.install_cell(url))
 
 
 def write_notebook(nb: nbformat.NotebookNode, path: Path) -> None:
@@ -100,18 +120,21 @@ def index_notebook(written: list[str]) -> nbformat.NotebookNode:
         "",
         "Open a chapter, run it top to bottom (each runs in under a minute on a laptop CPU), "
         "then do its exercises. Check your work with the **Validate** button or "
-        "`forge-course check <notebook>` in a terminal.",
+        "`forge-course check <notebook>` in a terminal. The Colab badges open a chapter on Google "
+        "Colab, where its first code cell installs the course package.",
         "",
-        "| # | chapter | what you will learn | time |",
-        "| --- | --- | --- | --- |",
+        "| # | chapter | what you will learn | time | Colab |",
+        "| --- | --- | --- | --- | --- |",
     ]
+    url = colab.repository_url()
     for ch in CHAPTERS:
         number = ch.id[2:4]
         if ch.id in written:
             link = f"[{ch.title}]({ch.id}/{ch.id}.ipynb)"
-            lines.append(f"| {number} | {link} | {ch.summary} | {ch.minutes} min |")
+            badge = colab.colab_badge(url, f"notebooks/{ch.id}/{ch.id}.ipynb")
+            lines.append(f"| {number} | {link} | {ch.summary} | {ch.minutes} min | {badge} |")
         else:
-            lines.append(f"| {number} | {ch.title} (coming) | {ch.summary} | |")
+            lines.append(f"| {number} | {ch.title} (coming) | {ch.summary} | | |")
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("\n".join(lines))]
     nb.cells[0].id = "course-index"
@@ -158,7 +181,8 @@ def generate_release(course_root: Path, chapters: list[str]) -> None:
 
 
 def release(repo: Path = REPO) -> list[str]:
-    """`make release`: rebuild ``build/source`` and ``notebooks`` from ``solutions``."""
+    """`make release`: rebuild ``build/source``, ``notebooks`` and the README's badges."""
     chapters = build_sources(repo)
     generate_release(repo, chapters)
+    colab.update_readme(repo)
     return chapters

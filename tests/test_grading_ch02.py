@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from forge_course.grader.assignment import INSTALL_TAG
 from forge_course.grading import Mistake, ch02
 from forge_course.release import source_notebook
 from tests.answers import ch02 as answers
@@ -27,7 +28,9 @@ def cells():
     code = [c for c in nb.cells if c.cell_type == "code"]
     solutions = {c.metadata["nbgrader"]["grade_id"]: c.source for c in code
                  if c.metadata.get("nbgrader", {}).get("solution")}  # fmt: skip
-    return next(c.source for c in code if "nbgrader" not in c.metadata), solutions
+    plain = [c for c in code if "nbgrader" not in c.metadata]
+    settings = next(c.source for c in plain if INSTALL_TAG not in c.metadata.get("tags", []))
+    return settings, solutions
 
 
 def run_answer(cells, source, name):
