@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 
-import nbformat
 import pytest
 
 from forge_course.grader import run, sandbox
@@ -30,17 +29,6 @@ LIMITS = sandbox.Limits(seconds=30, memory_mb=4096)
 def grading(tmp_path, monkeypatch):
     monkeypatch.setenv("FORGE_GRADING_DIR", str(tmp_path / "grading"))
     return tmp_path / "grading"
-
-
-def _submit(grading, student, answers, name=CH):
-    """A copy of the solved example with some answer cells replaced."""
-    nb = nbformat.read(EXAMPLES / "alice" / CH / f"{CH}.ipynb", as_version=4)
-    for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") in answers:
-            cell.source = answers[cell.metadata["nbgrader"]["grade_id"]]
-    path = grading / "submitted" / student / CH / f"{name}.ipynb"
-    path.parent.mkdir(parents=True)
-    nbformat.write(nb, path)
 
 
 @pytest.mark.slow
@@ -67,42 +55,6 @@ def test_shipped_examples_get_their_statuses_scores_feedback_and_csv(grading):
 
     again = run.grade(submitted=EXAMPLES, limits=LIMITS, progress=False)
     assert again == outcomes, "a second run must resume from the ledger and change nothing"
-
-
-RUNTIME_TAMPERING = {
-    # An infinite loop that swallows every exception, so only the wall clock can end it.
-    "loop": "def train_step(*args):\n    while True:\n        try:\n            pass\n"
-    "        except BaseException:\n            pass\n",
-    # Memory is bounded per worker: the bomb ends inside the worker, not on the machine.
-    "bomb": "def train_step(*args):\n    hoard = []\n    while True:\n"
-    "        hoard.append(bytearray(10**8))\n",
-    # Forged result lines on every descriptor, then a hang: nothing sent before a kill counts.
-    "forge": "import json, os\n\ndef train_step(*args):\n"
-    "    line = json.dumps({'case': 0, 'observation': 0.0, 'done': True}) + '\\n'\n"
-    "    for fd in range(3, 12):\n        try:\n            os.write(fd, line.encode())\n"
-    "        except OSError:\n            pass\n    while True:\n        pass\n",
-    # Forged lines followed by a wrong answer: the worker's own later line wins.
-    "forge_wrong": "import json, os\n\ndef train_step(*args):\n"
-    "    line = json.dumps({'case': 1, 'observation': 0.0}) + '\\n'\n"
-    "    for fd in range(3, 12):\n        try:\n            os.write(fd, line.encode())\n"
-    "        except OSError:\n            pass\n    return 0.0\n",
-    # A SystemExit raised from inside the answer is reported, not obeyed.
-    "exit": "def train_step(*args):\n    raise SystemExit(0)\n",
-}
-RUNTIME_STATUS = {"loop": "timeout", "bomb": "resource limit", "forge": "timeout",
-                  "forge_wrong": "wrong", "exit": "wrong"}  # fmt: skip
-
-
-@pytest.mark.slow
-def test_runtime_tampering_ends_with_the_right_status(grading):
-    for name, source in RUNTIME_TAMPERING.items():
-        _submit(grading, name, {"ch04_train_step": source})
-    limits = sandbox.Limits(seconds=40, memory_mb=3072)
-    outcomes = run.grade(limits=limits, progress=False)
-    for name, status in RUNTIME_STATUS.items():
-        results = outcomes[(name, CH)]
-        assert results["ch04_train_step_tests"]["status"] == status, (name, results)
-        assert results["ch04_hand_step_tests"]["status"] == "graded", "other exercises still count"
 
 
 def test_worker_sees_no_secret_files_environment_or_network(tmp_path, monkeypatch):

@@ -108,7 +108,11 @@ def _grade_exercise(assignment, index, exercise, answer, test, box) -> CellResul
                 )
             return CellResult("wrong", 0.0, top, _with_cell_error(message["mistake"], ran))
         try:
-            exercise.judge(case, codec.from_plain(message["observation"]))
+            observed = codec.from_plain(message["observation"])
+        except Exception as err:  # noqa: BLE001  (only forged lines can be malformed)
+            return CellResult("wrong", 0.0, top, f"What your code returned is unreadable: {err}")
+        try:
+            exercise.judge(case, observed)
         except Mistake as mistake:
             return CellResult("wrong", 0.0, top, str(mistake))
     return CellResult("graded", top, top, "")
@@ -152,7 +156,10 @@ def _question_values(answer, names, box) -> tuple[str, str, dict]:
     sent = next((m["variables"] for m in outcome.messages if "variables" in m), None)
     if sent is None:
         return "crashed", "The worker sent no answers back.", {}
-    return "finished", "", {n: codec.from_plain(v) for n, v in sent.items()}
+    try:
+        return "finished", "", {n: codec.from_plain(v) for n, v in sent.items()}
+    except Exception as err:  # noqa: BLE001  (only forged lines can be malformed)
+        return "wrong", f"Your answers are unreadable: {err}", {}
 
 
 def _names_used(source: str) -> set[str]:

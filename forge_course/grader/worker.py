@@ -60,6 +60,8 @@ def _watched() -> dict[str, int]:
                ("torch.optim.Optimizer", torch.optim.Optimizer)]  # fmt: skip
     seen = {}
     for name, owner in owners:
+        if isinstance(owner, type):  # a new entry on a class shadows an inherited method
+            seen[f"{name}.__dict__ keys"] = hash(frozenset(vars(owner)))
         for attr, value in list(vars(owner).items()):
             if callable(value):
                 seen[f"{name}.{attr}"] = id(value)
