@@ -42,19 +42,29 @@ def test_shipped_examples_get_their_statuses_scores_feedback_and_csv(grading):
     assert "Likely mistake" in feedback and "thorough=True" not in feedback
     rows = list(csv.DictReader((grading / "grades.csv").open()))
     assert len(rows) == 6 * 4
-    export = subprocess.run(
-        [sys.executable, "-m", "nbgrader", "export", "--to", str(grading / "export.csv")],
-        cwd=REPO / "autograder", capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"},
-    )  # fmt: skip
+    export = _nbgrader("export", "--to", str(grading / "export.csv"))
     assert export.returncode == 0, export.stderr
     scores = {
         r["student_id"]: float(r["score"]) for r in csv.DictReader((grading / "export.csv").open())
     }
     assert scores["alice"] == 7 and scores["bob"] == 0 and scores["frank"] == 0
 
+    # nbgrader's own feedback pages, from the autograded copies the grader writes.
+    nbgrader_feedback = _nbgrader("generate_feedback", CH, "--student", "carol", "--force")
+    assert nbgrader_feedback.returncode == 0, nbgrader_feedback.stderr
+    page = (grading / "feedback" / "carol" / CH / f"{CH}.html").read_text()
+    assert "Likely mistake" in page and "BEGIN HIDDEN TESTS" not in page
+
     again = run.grade(submitted=EXAMPLES, limits=LIMITS, progress=False)
     assert again == outcomes, "a second run must resume from the ledger and change nothing"
+
+
+def _nbgrader(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=REPO / "autograder", capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"},
+    )  # fmt: skip
 
 
 def test_worker_sees_no_secret_files_environment_or_network(tmp_path, monkeypatch):

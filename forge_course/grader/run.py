@@ -8,12 +8,15 @@ submission the grader writes, in order:
 2. the scores into nbgrader's gradebook (``nbgrader export`` and the Formgrader see them);
 3. feedback ``grading/feedback/<student>/<assignment>/<assignment>.html``: each test's status
    and message, never the code of hidden tests;
+4. nbgrader's autograded copy ``grading/autograded/<student>/<assignment>/``, each verdict as
+   its test cell's output, for instructors who prefer ``nbgrader generate_feedback``'s pages;
 
 and at the end ``grading/grades.csv`` with one row per test cell and its status.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
 import json
@@ -23,6 +26,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
+
+import nbformat
 
 from forge_course.grader import assignment as assignments
 from forge_course.grader import sandbox
@@ -128,6 +133,35 @@ def hidden_paths(course_root: Path, grading: Path) -> list[Path]:
     return [course_root / "solutions", course_root / "build", course_root / "tests", grading]
 
 
+def _autograded(
+    grading: Path, assignment_id: str, student: str, submitted: Path | None, results: dict
+) -> None:
+    """nbgrader's autograded copy, so ``nbgrader generate_feedback`` works on our verdicts: the
+    instructor's notebook with the learner's answers in it and each verdict as a test's output
+    (the feedback step clears hidden tests, as after ``nbgrader autograde``)."""
+    source = nbformat.read(grading / "source" / assignment_id / f"{assignment_id}.ipynb", 4)
+    answers = {}
+    with contextlib.suppress(Exception):  # a malformed submission keeps no answers
+        for cell in nbformat.read(submitted, as_version=4).cells:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if meta.get("solution") and meta.get("grade_id"):
+                answers[meta["grade_id"]] = cell.get("source", "")
+    for cell in source.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+            verdict = results.get(grade_id)
+            if verdict and verdict["status"] != "graded":
+                text = verdict["message"] or verdict["status"]
+                cell.outputs = [nbformat.v4.new_output(
+                    "error", ename=verdict["status"].capitalize(), evalue=text,
+                    traceback=[f"{verdict['status']}: {text}"])]  # fmt: skip
+    path = grading / "autograded" / student / assignment_id / f"{assignment_id}.ipynb"
+    _write_atomically(path, nbformat.writes(source))
+
+
 def discover(submitted: Path, only: list[str] | None) -> list[tuple[str, str, Path]]:
     """(student, assignment, folder) for every submission folder."""
     found = []
@@ -163,8 +197,10 @@ def grade(
         loaded[a] = assignments.load(a, source_root / a / f"{a}.ipynb")
     hidden = hidden_paths(course_root, grading) + [submitted]  # the class's notebooks too
 
+    paths = {(s, a): assignments.find_notebook(folder, a) for s, a, folder in work}
+
     def one(student: str, assignment_id: str, folder: Path) -> tuple[str, str, dict, str]:
-        path = assignments.find_notebook(folder, assignment_id)
+        path = paths[(student, assignment_id)]
         digest = fingerprint(path) if path else "missing"
         ledger = grading / "forge" / assignment_id / f"{student}.json"
         if not force and ledger.exists():
@@ -189,6 +225,8 @@ def grade(
             as_results = {c: CellResult(**r) for c, r in results.items()}
             _record(grading, assignment_id, student, as_results)
             _feedback(grading, assignment_id, student, results)
+            _autograded(grading, assignment_id, student, paths.get((student, assignment_id)),
+                        results)  # fmt: skip
             outcomes[(student, assignment_id)] = results
             if bar is not None:
                 bar.update()
