@@ -1,11 +1,13 @@
 """The grader end to end, with real isolated workers: the shipped examples and a tamper suite."""
 
+import contextlib
 import csv
 import os
 import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +104,38 @@ def test_worker_sees_no_secret_files_environment_or_network(tmp_path, monkeypatc
 def test_ci_has_the_strongest_isolation():
     if os.environ.get("CI") and shutil.which("apt-get"):
         assert sandbox.isolation() == "bubblewrap", ".ci/run installs bubblewrap"
+
+
+def _modes_here() -> list[str]:
+    found = sandbox.isolation()
+    order = ["bubblewrap", "network namespace", "process"]
+    return order[order.index(found) :]  # the strongest here, and every weaker one
+
+
+@pytest.mark.parametrize("mode", _modes_here())
+def test_every_isolation_keeps_loopback_and_leaves_no_process_behind(mode):
+    """Distributed exercises rendezvous on 127.0.0.1, so each mode keeps loopback up; a process
+    that left the worker's group with setsid still ends with the submission."""
+    marker = f"forge-leftover-{os.getpid()}-{mode.replace(' ', '-')}"
+    answer = (
+        "import socket, subprocess, sys\n"
+        "server = socket.create_server(('127.0.0.1', 0))\n"
+        "socket.create_connection(server.getsockname(), timeout=2).close()\n"
+        "loopback = 'up'\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)  # {marker}'],\n"
+        "                 start_new_session=True)\n"
+    )
+    job = {"prelude": "", "answer": answer, "variables": ["loopback"]}
+    with sandbox.Session(LIMITS, hidden=[], mode=mode) as box:
+        outcome = box.run(job)
+        contained = mode == "bubblewrap" or bool(box._groups)
+    messages = {k: v for m in outcome.messages for k, v in m.items()}
+    assert messages.get("variables") == {"loopback": "up"}, outcome
+    if not contained:
+        pytest.skip("no pid namespace or control group here: a setsid process can outlive it")
+    leftovers = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if marker in cmdline.read_text():
+                leftovers.append(cmdline.parent.name)
+    assert not leftovers, f"processes left behind: {leftovers}"

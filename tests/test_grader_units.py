@@ -109,3 +109,24 @@ def test_find_notebook_prefers_the_matching_name(tmp_path):
     assert find_notebook(tmp_path, "ch04_one_training_step").name == "notes.ipynb"
     (tmp_path / "other.ipynb").write_text("{}")
     assert find_notebook(tmp_path, "ch04_one_training_step") is None
+
+
+def test_ordinary_torch_use_does_not_look_like_a_patch():
+    """Pickling a tensor (torch.save) caches ``__slotnames__`` on the class: not a patch."""
+    import copy
+    import io
+
+    import torch._dynamo  # noqa: F401  (as the worker does: importing it wraps torch.manual_seed)
+
+    from forge_course.grader import worker
+
+    before = worker._watched()
+    model = torch.nn.Linear(2, 2)
+    torch.save({"model": model.state_dict(), "rng": torch.get_rng_state()}, io.BytesIO())
+    copy.deepcopy(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert worker._replaced(before) == []
+    torch.Tensor.tolist, saved = (lambda self: []), torch.Tensor.tolist
+    try:
+        assert worker._replaced(before) == ["torch.Tensor.__dict__ keys"]  # shadows TensorBase's
+    finally:
+        torch.Tensor.tolist = saved

@@ -10,6 +10,8 @@ own group. Where no hierarchy is writable, `make` returns None and the rlimits r
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -66,6 +68,27 @@ def join(groups: list[Path]) -> None:
     """Move the calling process into ``groups`` (called in the sandbox before it starts)."""
     for group in groups:
         (group / "cgroup.procs").write_text("0")
+
+
+def kill(groups: list[Path], rounds: int = 50) -> None:
+    """SIGKILL every process in ``groups``: what a submission started escapes its process group
+    with ``setsid``, never its control group. Version 2's ``cgroup.kill`` does it at once;
+    elsewhere the members are killed until none is left (a fork may race one round)."""
+    for group in groups:
+        with contextlib.suppress(OSError):
+            (group / "cgroup.kill").write_text("1")
+            continue
+        for _ in range(rounds):
+            try:
+                pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+            except OSError:
+                break
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
 
 
 def remove(groups: list[Path], wait: float = 5.0) -> None:

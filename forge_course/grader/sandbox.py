@@ -7,11 +7,13 @@ Layers, from always to where available:
    fork bomb stops at the cap), file size and CPU time. The grader kills the worker's group at
    the wall-clock limit, so a loop that swallows every exception still ends.
 2. A scrubbed environment and an empty temporary working folder: no grader variables to detect.
-   A grader running as root runs each worker as a user of its own, without capabilities.
-3. ``bwrap`` (bubblewrap): the file system read-only, the grading workspace and the course's
-   sources hidden behind empty folders, no network, its own process ids (every process a job
-   leaves behind is killed when it ends). Without bubblewrap, ``unshare --net`` still removes
-   the network.
+3. A control group per submission (where the grader may make one, e.g. as root): at most
+   ``processes`` processes and ``memory_mb`` for all it starts, and every one of them killed
+   when the worker stops, even those that left its process group.
+4. ``bwrap`` (bubblewrap): the file system read-only, the grading workspace and the course's
+   sources hidden behind empty folders, no network but loopback, no capabilities, its own
+   process ids (every process a job leaves behind is killed when the job ends). Without
+   bubblewrap, ``unshare --net`` still removes the network.
 
 What a department should add in production is written in the README's grader section.
 """
@@ -105,8 +107,8 @@ def _command(workdir: Path, hidden: list[Path], mode: str, limits: Limits, cappe
         command += ["--unshare-net", "--unshare-pid", "--die-with-parent", "--cap-drop", "ALL"]
         command += ["--chdir", str(workdir)]
         return command + worker + ["--own-pid-namespace"]
-    if mode == "network namespace":
-        return ["unshare", "--net", *worker]
+    if mode == "network namespace":  # loopback starts down there: the worker brings it up
+        return ["unshare", "--net", *worker, "--loopback-up"]
     return worker
 
 
@@ -186,6 +188,7 @@ class Session:
         if self.process is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
+            cgroup.kill(self._groups)  # and whatever left the group with setsid
             self.process.wait()
             self.process = None
 

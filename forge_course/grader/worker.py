@@ -61,7 +61,8 @@ def _watched() -> dict[str, int]:
     seen = {}
     for name, owner in owners:
         if isinstance(owner, type):  # a new entry on a class shadows an inherited method
-            seen[f"{name}.__dict__ keys"] = hash(frozenset(vars(owner)))
+            # (but for the slot-name cache that copyreg adds the first time a Tensor is pickled)
+            seen[f"{name}.__dict__ keys"] = hash(frozenset(vars(owner)) - {"__slotnames__"})
         for attr, value in list(vars(owner).items()):
             if callable(value):
                 seen[f"{name}.{attr}"] = id(value)
@@ -214,7 +215,24 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
     return 0
 
 
+def _loopback_up() -> None:
+    """Bring up ``lo`` in a fresh network namespace (``unshare --net`` leaves it down, bwrap
+    does not): distributed exercises rendezvous on 127.0.0.1."""
+    import fcntl
+    import socket
+    import struct
+
+    get_flags, set_flags, up = 0x8913, 0x8914, 0x1  # SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sh14x", b"lo", 0)
+        flags = struct.unpack("16sh14x", fcntl.ioctl(sock, get_flags, request))[1]
+        fcntl.ioctl(sock, set_flags, struct.pack("16sh14x", b"lo", flags | up))
+
+
 def main(argv: list[str]) -> int:
+    if "--loopback-up" in argv[1:]:
+        with contextlib.suppress(OSError):  # without the right, distributed exercises time out
+            _loopback_up()
     return serve(json.loads(argv[0]), "--own-pid-namespace" in argv[1:])
 
 
