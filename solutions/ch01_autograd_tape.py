@@ -604,7 +604,8 @@ for i, edge in enumerate(rows.values()):
         ax.text(edge + 8, i, f"inf from s = {edge:.1f}", va="center", color="white", fontsize=9)
 ax.set_yticks(range(len(rows)), list(rows))
 ax.invert_yaxis()
-ax.set(xlabel="largest logit s", xlim=(0, 1000), title="Is log-sum-exp of [s, s−1, s−2] finite?")
+ax.set(xlabel="largest logit s", ylabel="implementation, dtype", xlim=(0, 1000),
+       title="Is log-sum-exp of [s, s−1, s−2] finite?")  # fmt: skip
 ax.legend(fontsize=8, loc="lower right")
 plt.show()
 

@@ -428,7 +428,7 @@ for ax, name in zip(axes, datasets):
     ax.barh(names, firsts, color=PALETTE["vermillion"], label="wait for the first batch")
     ax.barh(names, rests, left=firsts, color=PALETTE["sky"], label="rest of the epoch")
     ax.invert_yaxis()
-    ax.set(xlabel="milliseconds per epoch", title=name)
+    ax.set(xlabel="milliseconds per epoch", ylabel="loader", title=name)
 axes[0].legend(fontsize=8, loc="lower right")
 fig.suptitle(f"One pass over the data, no model: {describe(device)}", fontsize=10)
 fig.tight_layout()

@@ -438,7 +438,8 @@ fig, ax = plt.subplots(figsize=(6, 2.6))
 names = ["forward", "backward", "optimizer step"]
 values = [phases["forward"], backward_ms, phases["step"]]
 ax.barh(names, values, color=[PALETTE["blue"], PALETTE["orange"], PALETTE["green"]])
-ax.set(xlabel="milliseconds (median)", title=f"One step of a 4-layer MLP on {device.type}")
+ax.set(xlabel="milliseconds (median)", ylabel="phase of the step",
+       title=f"One step of a 4-layer MLP on {device.type}")  # fmt: skip
 ax.invert_yaxis()
 plt.show()
 print(

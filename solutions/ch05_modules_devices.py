@@ -316,7 +316,8 @@ ax_move.bar(positions - 0.2, [repaired_moved[n] for n in names], 0.4, color=PALE
 ax_move.bar(positions + 0.2, [broken_moved[n] for n in names], 0.4, color=PALETTE["vermillion"],
             label="plain list (broken)")  # fmt: skip
 ax_move.set_xticks(positions.tolist(), names)
-ax_move.set(ylabel=f"largest weight change in {STEPS} steps", title="Which layers were trained")
+ax_move.set(xlabel="layer", ylabel=f"largest weight change in {STEPS} steps",
+            title="Which layers were trained")  # fmt: skip
 ax_move.legend(fontsize=8)
 fig.tight_layout()
 plt.show()

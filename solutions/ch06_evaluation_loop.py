@@ -538,7 +538,8 @@ bars = ax_one.barh(list(one_forward), [b / 1024 for b in one_forward.values()], 
 ax_one.bar_label(bars, [f" {b:,} bytes" for b in one_forward.values()], fontsize=8)
 ax_one.set_xlim(0, max(one_forward.values()) / 1024 * 1.35)
 ax_one.invert_yaxis()
-ax_one.set(xlabel="KiB saved for backward", title=f"One forward pass, batch of {len(val_batch)}")
+ax_one.set(xlabel="KiB saved for backward", ylabel="model mode, autograd",
+           title=f"One forward pass, batch of {len(val_batch)}")  # fmt: skip
 styles = zip(loops, [PALETTE["blue"], PALETTE["vermillion"], PALETTE["green"]], ["o-", "s-", "^--"])
 for name, colour, style in styles:
     ax_many.plot(
@@ -704,7 +705,8 @@ for ax, (batch_size, samples) in zip(axes, timings.items()):
         box.set_facecolor(colour)
     ax.set_xticks([1, 2, 3], list(samples))
     ax.set_ylim(bottom=0)
-    ax.set(ylabel="ms per forward (median line)", title=f"Batch of {batch_size} on {device.type}")
+    ax.set(xlabel="autograd context", ylabel="ms per forward (median line)",
+           title=f"Batch of {batch_size} on {device.type}")  # fmt: skip
 fig.suptitle(f"One forward of the wide network, {TIMING_ROUNDS} interleaved rounds")
 fig.tight_layout()
 plt.show()

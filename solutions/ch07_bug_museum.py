@@ -303,7 +303,8 @@ fig, ax = plt.subplots(figsize=(6.5, 2.6))
 for row, values in enumerate(modes.values()):
     colour = PALETTE["blue"] if row == 0 else PALETTE["vermillion"]
     ax.scatter([100 * v for v in values], [row] * len(values), color=colour, s=40, alpha=0.6)
-ax.set(yticks=[0, 1], yticklabels=list(modes), ylim=(-0.6, 1.6), xlabel="validation accuracy (%)",
+ax.set(yticks=[0, 1], yticklabels=list(modes), ylim=(-0.6, 1.6), ylabel="mode",
+       xlabel="validation accuracy (%)",
        title=f"One trained model, evaluated {REPEATS} times in each mode")  # fmt: skip
 fig.tight_layout()
 plt.show()
@@ -383,7 +384,8 @@ for ax, index, colour, title in (
     (ax_kib, 1, PALETTE["vermillion"], f"KiB of activations held after {LEAK_STEPS} steps"),
 ):
     ax.barh(names, [leaks[name][index][-1] for name in names], color=colour)
-    ax.set(title=title, xlabel="graphs" if index == 0 else "KiB")
+    ax.set(title=title, xlabel="graphs alive" if index == 0 else "activations held (KiB)")
+ax_graphs.set_ylabel("loop")
 ax_graphs.invert_yaxis()
 fig.tight_layout()
 plt.show()
@@ -564,8 +566,8 @@ for offset, set_to_none, colour in (
     heights = [drift[(name, set_to_none)][0] for name in optimizers]
     ax.bar([i + offset for i in range(len(optimizers))], heights, width=0.4, color=colour,
            label=f"zero_grad(set_to_none={set_to_none})")  # fmt: skip
-ax.set(xticks=range(len(optimizers)), xticklabels=list(optimizers),
-       ylabel="distance moved", title="How far frozen weights move in 20 steps")  # fmt: skip
+ax.set(xticks=range(len(optimizers)), xticklabels=list(optimizers), xlabel="optimizer",
+       ylabel="distance moved (L2 norm)", title="How far frozen weights move in 20 steps")  # fmt: skip
 ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
@@ -1074,24 +1076,31 @@ def examine(make_opt, train, validate, epochs=MYSTERY_EPOCHS):
 
 specimens = {name: examine(*functions) for name, functions in mystery.items()}
 
-panels = {"loss": "training loss", "grad_norm": "gradient norm", "graphs": "graphs alive",
-          "val_gap": "gap between two evaluations"}  # fmt: skip
+panels = {  # each column: its title, its y axis
+    "loss": ("training loss", "cross-entropy"),
+    "grad_norm": ("gradient norm", "L2 norm"),
+    "graphs": ("graphs alive", "graphs"),
+    "val_gap": ("gap between two evaluations", "|loss₁ − loss₂|"),
+}
 fig, axes = plt.subplots(len(specimens), 4, figsize=(12, 1.8 * len(specimens)), sharex="col",
                          sharey="col")  # fmt: skip
 for row, (name, seen) in enumerate(specimens.items()):
     seen["val_gap"] = [abs(first - second) for first, second in seen["val"]]
-    for col, (key, title) in enumerate(panels.items()):
+    for col, (key, (title, ylabel)) in enumerate(panels.items()):
         ax = axes[row, col]
         ax.plot(range(1, len(seen[key]) + 1), seen[key], ".-" if key == "val_gap" else "-",
                 color=PALETTE["blue"], lw=1)  # fmt: skip
         if key in ("loss", "grad_norm"):
             bd.log_axis(ax)
+        ax.set_ylabel(ylabel, fontsize=8)
         if row == 0:
             ax.set_title(title)
-        if col == 0:
-            ax.set_ylabel(f"loop {name}", fontsize=11, fontweight="bold")
-for col, unit in enumerate(("update", "update", "update", "epoch")):
+    axes[row, 0].annotate(f"loop {name}", xy=(0, 0.5), xycoords="axes fraction", xytext=(-52, 0),
+                          textcoords="offset points", rotation=90, ha="right", va="center",
+                          fontsize=11, fontweight="bold")  # fmt: skip
+for col, unit in enumerate(("optimizer update", "optimizer update", "optimizer update", "epoch")):
     axes[-1, col].set_xlabel(unit)
+fig.suptitle(f"Six mystery loops, {MYSTERY_EPOCHS} epochs each, as the instruments saw them")
 fig.tight_layout()
 plt.show()
 

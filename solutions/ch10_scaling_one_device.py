@@ -474,8 +474,10 @@ for offset, amp, colour in ((-0.2, False, PALETTE["blue"]), (0.2, True, PALETTE[
     ax_m.bar(pos + offset, [v[0] / 2**20 for v in values], 0.4, color=colour, label=label)
 ax_t.set_xticks(pos.tolist(), names)
 ax_m.set_xticks(pos.tolist(), names)
-ax_t.set(ylabel="forward + backward (ms, fastest)", title=f"Speed on {device.type}")
-ax_m.set(ylabel="kept for backward (MiB)", title="Activation memory (exact count)")
+ax_t.set(xlabel="batch size", ylabel="forward + backward (ms, fastest)",
+         title=f"Speed on {device.type}")  # fmt: skip
+ax_m.set(xlabel="batch size", ylabel="kept for backward (MiB)",
+         title="Activation memory (exact count)")  # fmt: skip
 ax_t.legend(fontsize=8)
 ax_m.legend(fontsize=8)
 fig.tight_layout()

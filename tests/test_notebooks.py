@@ -1,10 +1,24 @@
-"""Each solved chapter runs twice in one kernel, with no error and every test passing."""
+"""Each solved chapter runs twice in one kernel, with no error and every test passing, within
+Binder's memory."""
 
+import json
+
+import nbformat
 import pytest
 
 from forge_course.check import errors, execute, graded_results
 from forge_course.release import build_sources
 from tests.conftest import CHAPTERS, REPO
+
+BINDER_BYTES = 2 * 2**30
+SERVER_BYTES = 300 * 2**20  # JupyterLab's own server and the Binder image around the kernel
+# Appended to each chapter: the kernel's peak resident memory and its largest child's (training
+# subprocesses, DataLoader workers, compile), both in kB on Linux.
+PEAK_CELL = (
+    "import json as _json, resource as _resource\n"
+    "print(_json.dumps([_resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss,\n"
+    "                   _resource.getrusage(_resource.RUSAGE_CHILDREN).ru_maxrss]))"
+)
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +31,11 @@ def sources(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_solution_notebook_runs_twice_cleanly(chapter, sources):
-    nb = execute(sources / chapter / f"{chapter}.ipynb", repeat=2)
+    path = sources / chapter / f"{chapter}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(PEAK_CELL))
+    nbformat.write(nb, path)
+    nb = execute(path, repeat=2)
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert not errors(cell), f"cell {cell.id} failed:\n{errors(cell)[0]['evalue']}"
@@ -25,3 +43,8 @@ def test_solution_notebook_runs_twice_cleanly(chapter, sources):
     assert results and all(r.passed for r in results)
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "every chapter shows at least one figure"
+
+    printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
+    kernel_kb, child_kb = json.loads(printed.strip().splitlines()[-1])
+    peak = (kernel_kb + child_kb) * 1024 + SERVER_BYTES
+    assert peak < BINDER_BYTES, f"{peak / 2**20:.0f} MiB would not fit Binder's 2 GiB"

@@ -316,7 +316,11 @@ def arena_view(scoreboard: Scoreboard, device="cpu", shown: list | None = None) 
             status,
         ]
     )
-    static = draw_results(results) if results else plt.figure(figsize=(8, 1))
+    if results:
+        static = draw_results(results)
+    else:
+        static = plt.figure(figsize=(8, 1))
+        static.suptitle("Arena: no runs yet")
     show(widgets.VBox([controls, out]), static)
 
 

@@ -218,6 +218,7 @@ def _draw_lane(ax, tl: Timeline, naive: bool) -> None:
     ax.set_xlim(-0.3, tl.width + 1.8)  # the same for both loops, with room for "never used"
     ax.set_ylim(-len(tl.rows) + 0.45, 0.6)
     ax.set_xlabel("micro-batch of the epoch (block height ∝ its size)", fontsize=8)
+    ax.set_ylabel("epoch", fontsize=8)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
 

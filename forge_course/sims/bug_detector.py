@@ -207,8 +207,8 @@ PANELS = (
     ("loss", "cross-entropy", "Training loss", True),
     ("grad_norm", "‖gradient‖ applied", "Gradient norm", True),
     ("val_accuracy", "accuracy", "Validation accuracy", False),
-    ("live_graphs", "graphs", "Graphs alive after the step", False),
-    ("live_kib", "KiB", "Activations still held", False),
+    ("live_graphs", "graphs alive", "Graphs alive after the step", False),
+    ("live_kib", "activations held (KiB)", "Activations still held", False),
     ("val_gap", "|loss₁ − loss₂|", "Same model evaluated twice", False),
 )
 

@@ -133,7 +133,8 @@ def draw(measurements: list[Measurement], current: int):
     ax_mem.plot(ks, [m.peak_bytes / kib for m in rest], "s-", color=PALETTE["orange"],
                 label="held during backward, at worst")  # fmt: skip
     ax_mem.plot([current] * 2, [chosen.saved_bytes / kib, chosen.peak_bytes / kib], "o", ms=12,
-                mfc="none", mec=PALETTE["vermillion"], mew=2.5, label=f"k = {current}")  # fmt: skip
+                color=PALETTE["vermillion"], mfc="none", mew=2.5,
+                label=f"k = {current}")  # fmt: skip
     ax_mem.set(xlabel="checkpoint segments k", ylabel="activation memory (KiB)",
                title=f"k = {current}: at worst {chosen.peak_bytes / plain.saved_bytes:.0%} of the "
                "plain forward's memory")  # fmt: skip
@@ -141,8 +142,8 @@ def draw(measurements: list[Measurement], current: int):
     ax_time.axhline(plain.ms_per_step, color=PALETTE["grey"], ls="--", label="no checkpointing")
     ax_time.plot(ks, [m.ms_per_step for m in rest], "o-", color=PALETTE["green"],
                  label="with k segments")  # fmt: skip
-    ax_time.plot([current], [chosen.ms_per_step], "o", ms=12, mfc="none",
-                 mec=PALETTE["vermillion"], mew=2.5)  # fmt: skip
+    ax_time.plot([current], [chosen.ms_per_step], "o", ms=12, color=PALETTE["vermillion"],
+                 mfc="none", mew=2.5)  # fmt: skip
     ax_time.set(xlabel="checkpoint segments k", ylabel="forward + backward (ms, fastest)",
                 title=f"k = {current}: {chosen.ms_per_step / plain.ms_per_step:.2f}× the plain "
                 "step's time")  # fmt: skip

@@ -108,8 +108,8 @@ def draw_memory(params: float, ranks: int, stage: int, ax=None):
     for i, total in enumerate(bottom):
         ax.text(i, total, f"{total:.3g} GB", ha="center", va="bottom", fontsize=8)
     title = f"{params:.3g} parameters on {ranks} ranks: memory per rank, no activations"
-    ax.set(ylabel="GB per rank (10⁹ bytes)", xlabel=STAGES[stage], ylim=(0, max(bottom) * 1.18),
-           title=title)  # fmt: skip
+    ax.set(ylabel="GB per rank (10⁹ bytes)", xlabel=f"ZeRO stage (outlined: {STAGES[stage]})",
+           ylim=(0, max(bottom) * 1.18), title=title)  # fmt: skip
     ax.legend(fontsize=8)
     return ax.figure
 

@@ -137,7 +137,7 @@ def draw_composition(comp: Composition, ax, title: str, names=("dogs", "cats")) 
     minority = min(comp.class_sizes, key=comp.class_sizes.get)
     majority = max(comp.class_sizes, key=comp.class_sizes.get)
     ax.set(ylim=(0, 1), xlim=(-0.7, max(len(comp.shares), 1) - 0.3))
-    ax.set_ylabel(f"share of {names[1]}")
+    ax.set_ylabel(f"share of {names[1]} in the batch")
     ax.set_title(
         f"{title}: {comp.minority_share:.0%} {names[1]} over the epoch, "
         f"{comp.batches_without_minority} of {len(comp.shares)} batches without one, "

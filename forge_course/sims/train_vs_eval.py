@@ -291,7 +291,7 @@ def _draw_side(ax_hidden, ax_out, side: Side, title: str) -> None:
             ink = "white" if abs(value) > 0.6 * _VMAX else "black"
             ax_out.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7.5, color=ink)
     ax_out.set_title("outputs", fontsize=8.5)
-    ax_out.set(xlabel="class", xticks=range(len(side.outputs[0])), yticks=[])
+    ax_out.set(xlabel="class", ylabel="example", xticks=range(len(side.outputs[0])), yticks=[])
 
 
 def draw_presses(presses: list[Press]):
@@ -339,6 +339,7 @@ def draw_presses(presses: list[Press]):
     ax.set_xlim(0, max(values + [1]) * 1.3)
     ax.invert_yaxis()
     ax.set_xlabel("bytes saved for backward, measured with saved-tensor hooks")
+    ax.set_ylabel("measurement")
     ax.set_title(f"Memory after press {last.number}", fontsize=9, loc="left")
     fig.suptitle("One batch through two copies of one model: train mode (left), eval mode (right)")
     return fig
