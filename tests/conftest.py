@@ -17,3 +17,28 @@ CHAPTERS = chapter_ids(REPO)
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+# Roughly what each slow test costs on two shared cores (seconds, from `--durations`). The
+# suite starts with the longest, so that neither xdist worker is left with a long test at the
+# end while the other idles; everything else keeps its order.
+COSTS = {
+    "test_grader_class.py::test_a_class_of_100": 180,
+    "test_autograde.py": 110,
+    "test_grader_class.py::test_tamper_suite": 75,
+    "test_grader.py::test_shipped_examples": 55,
+    "test_browser.py": 25,
+    "test_notebooks.py": 15,
+    "test_cli.py::test_check_on_a_fresh_release": 15,
+    "test_grader_class.py": 12,
+    "test_figures.py::test_every_figure_a_chapter": 8,
+}
+
+
+def _cost(item: pytest.Item) -> int:
+    nodeid = item.nodeid.removeprefix("tests/")
+    return max((cost for prefix, cost in COSTS.items() if nodeid.startswith(prefix)), default=0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_cost, reverse=True)  # stable: equal costs keep their order
