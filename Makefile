@@ -29,7 +29,7 @@ lab: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -n 2
+	$(BIN)/pytest -n 2 --dist worksteal
 
 release: setup
 	$(BIN)/forge-course release

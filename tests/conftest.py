@@ -20,8 +20,8 @@ def repo() -> Path:
 
 
 # Roughly what each slow test costs on two shared cores (seconds, from `--durations`). The
-# suite starts with the longest, so that neither xdist worker is left with a long test at the
-# end while the other idles; everything else keeps its order.
+# suite starts with the longest, and `make test` lets an idle xdist worker steal queued tests
+# (`--dist worksteal`), so neither worker ends with a long test while the other idles.
 COSTS = {
     "test_grader_class.py::test_a_class_of_100": 180,
     "test_autograde.py": 110,
