@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-# JUPYTER_CONFIG_PATH lets nbgrader's Lab extensions (Validate, Formgrader) find the course config.
+# JUPYTER_CONFIG_PATH lets nbgrader's Lab extensions (Validate, Formgrader) find the course config,
+# and Lab read autograder/labconfig (no "get Jupyter news?" prompt for every new learner).
 # Containers and CI often run as root, which Jupyter refuses unless told it is intended.
 lab: setup
 	JUPYTER_CONFIG_PATH=$(CURDIR)/autograder $(BIN)/jupyter lab \
