@@ -2,10 +2,11 @@
 
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 
-from forge_course.release import chapter_ids
+from forge_course.release import build_sources, chapter_ids
 
 # Two xdist workers share two cores: more threads per worker would only contend.
 torch.set_num_threads(1)
@@ -17,6 +18,24 @@ CHAPTERS = chapter_ids(REPO)
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> Path:
+    """The chapters' source notebooks, built once per test module (tests may add cells)."""
+    out = tmp_path_factory.mktemp("source")
+    build_sources(REPO, out)
+    return out
+
+
+def add_cells(path: Path, first: str | None = None, last: str | None = None) -> None:
+    """Put a code cell at the start and/or end of the notebook at ``path``."""
+    nb = nbformat.read(path, as_version=4)
+    if first is not None:
+        nb.cells.insert(0, nbformat.v4.new_code_cell(first))
+    if last is not None:
+        nb.cells.append(nbformat.v4.new_code_cell(last))
+    nbformat.write(nb, path)
 
 
 # Roughly what each slow test costs on two shared cores (seconds, from `--durations`). The

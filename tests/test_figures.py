@@ -19,7 +19,6 @@ import json
 import IPython.display
 import matplotlib
 import matplotlib.pyplot as plt
-import nbformat
 import numpy as np
 import pytest
 from matplotlib.colors import to_rgb
@@ -27,7 +26,6 @@ from matplotlib.figure import Figure
 
 from forge_course.check import errors, execute
 from forge_course.data import make_imbalanced
-from forge_course.release import build_sources
 from forge_course.sims import (
     arena,
     arithmetic_timeline,
@@ -45,7 +43,7 @@ from forge_course.sims import (
     trainer,
 )
 from forge_course.sims.display import PALETTE
-from tests.conftest import REPO
+from tests.conftest import add_cells
 
 matplotlib.use("Agg")
 
@@ -279,21 +277,11 @@ _backend_bases.FigureCanvasBase.print_figure = _recording_print_figure
 _REPORT = "import json as _json\nprint(_json.dumps(_figures_rendered))"
 
 
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    out = tmp_path_factory.mktemp("source")
-    build_sources(REPO, out)
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", NOTEBOOK_CHAPTERS)
 def test_every_figure_a_chapter_renders_is_readable(chapter, sources):
     path = sources / chapter / f"{chapter}.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    nb.cells.insert(0, nbformat.v4.new_code_cell(_HOOK))
-    nb.cells.append(nbformat.v4.new_code_cell(_REPORT))
-    nbformat.write(nb, path)
+    add_cells(path, first=_HOOK, last=_REPORT)
     nb = execute(path)
     for cell in (nb.cells[0], nb.cells[-1]):
         assert not errors(cell), errors(cell)[0]["evalue"]

@@ -3,12 +3,10 @@ Binder's memory."""
 
 import json
 
-import nbformat
 import pytest
 
 from forge_course.check import errors, execute, graded_results
-from forge_course.release import build_sources
-from tests.conftest import CHAPTERS, REPO
+from tests.conftest import CHAPTERS, add_cells
 
 BINDER_BYTES = 2 * 2**30
 SERVER_BYTES = 300 * 2**20  # JupyterLab's own server and the Binder image around the kernel
@@ -21,20 +19,11 @@ PEAK_CELL = (
 )
 
 
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    out = tmp_path_factory.mktemp("source")
-    build_sources(REPO, out)
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_solution_notebook_runs_twice_cleanly(chapter, sources):
     path = sources / chapter / f"{chapter}.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(PEAK_CELL))
-    nbformat.write(nb, path)
+    add_cells(path, last=PEAK_CELL)
     nb = execute(path, repeat=2)
     for cell in nb.cells:
         if cell.cell_type == "code":
