@@ -18,52 +18,34 @@ from __future__ import annotations
 import math
 import os
 import random
+import threading
+import warnings
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from forge_course.device import tolerance
+from forge_course.observe.common import Mistake, set_guard
+from forge_course.observe.common import call_answer as call_answer  # re-exported for the checks
 from forge_course.reference.guard import ReferenceCalled, is_reference, learner_code
 
 Observation = Any
 KnownMistake = tuple[str, Callable[[], Observation]]
 
 
-class Mistake(AssertionError):
-    """A failed check, worded for the learner. The first line names the exercise id."""
-
-    def __init__(self, grade_id: str, message: str):
-        self.grade_id = grade_id
-        super().__init__(f"[{grade_id}] {message}")
-
-
-def call_answer(grade_id: str, name: str, fn: Callable, *args, case: str = "", **kwargs) -> Any:
-    """Call the learner's ``fn`` and turn the ways it can fail into a `Mistake` that says why."""
-    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
-    if not callable(fn):
-        raise Mistake(grade_id, f"`{name}` should be a function, but it is {type(fn).__name__}.")
-    where = f" ({case})" if case else ""
+def _guard(fn: Callable):
     # The reference itself (observed to get the expected result) may call other references.
-    guard = nullcontext() if is_reference(fn) else learner_code()
-    try:
-        with guard:
-            return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise Mistake(
-            grade_id,
-            f"`{name}` is not written yet: replace `raise NotImplementedError()` with your code.",
-        ) from None
-    except ReferenceCalled as err:
-        raise Mistake(grade_id, str(err)) from err
-    except Mistake:
-        raise
-    except Exception as err:
-        raise Mistake(
-            grade_id, f"`{name}` raised {type(err).__name__}{where}: {err}".rstrip(": ")
-        ) from err
+    return nullcontext() if is_reference(fn) else learner_code()
+
+
+def _tripwire(err: BaseException) -> str | None:
+    return str(err) if isinstance(err, ReferenceCalled) else None
+
+
+set_guard(_guard, _tripwire)
 
 
 def _show(value: Any) -> str:
@@ -240,19 +222,64 @@ def grading_seed() -> int:
 _RUN_SEED = random.SystemRandom().randrange(2**31)
 
 
+# Reference observations run one at a time, each from the same state, so that what a check
+# expects never depends on what else the process did before (another submission, in
+# `forge-course grade`'s threads; the learner's own cells, in a notebook).
+_CLEAN_ROOM = threading.RLock()
+_EXPECTED: dict[tuple, Any] = {}
+
+
+@contextmanager
+def clean_room(seed: int = 0):
+    """Run the body from a fixed state and put back every process-wide setting it may change.
+
+    Seeds Python's, NumPy's and torch's generators with ``seed``; restores them afterwards, with
+    the default dtype, grad mode, torch's thread count, the warning filters, the working folder
+    and the environment. One body at a time: threads wait for each other here.
+    """
+    import numpy as np
+
+    with _CLEAN_ROOM:
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        saved = (
+            random.getstate(), np.random.get_state(), torch.get_default_dtype(),
+            torch.is_grad_enabled(), torch.get_num_threads(), os.getcwd(), dict(os.environ),
+        )  # fmt: skip
+        try:
+            with torch.random.fork_rng(devices=cuda), warnings.catch_warnings():
+                random.seed(seed)
+                np.random.seed(seed)
+                torch.manual_seed(seed)
+                torch.set_default_dtype(torch.float32)
+                torch.set_grad_enabled(True)
+                yield
+        finally:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.set_default_dtype(saved[2])
+            torch.set_grad_enabled(saved[3])
+            if torch.get_num_threads() != saved[4]:
+                torch.set_num_threads(saved[4])
+            os.chdir(saved[5])
+            if dict(os.environ) != saved[6]:
+                os.environ.clear()
+                os.environ.update(saved[6])
+
+
 @dataclass(frozen=True)
 class Exercise:
-    """One graded exercise, in pieces a notebook check and an isolated grader can share.
+    """One graded exercise: a learner half a sandbox may run, and a grader half it never sees.
 
     Attributes:
         grade_id: nbgrader's id of the solution cell (``ch04_train_step``).
         function: the name the learner's answer defines (``train_step``).
-        reference: the undecorated reference (``ref.train_step.__wrapped__``).
-        cases: ``cases(thorough) -> list of plain-data cases``.
-        observe: ``observe(fn, case) -> plain data``: builds fresh inputs from the case, calls
-            ``fn`` through `call_answer`, returns what came out.
+        reference: the undecorated reference (``ref.train_step.__wrapped__``). Grader half.
+        cases: ``cases(thorough) -> list of plain-data cases``. Grader half (it holds the seed).
+        observe: ``observe(fn, case) -> plain data``, defined in ``forge_course.observe``: builds
+            fresh inputs from the case, calls ``fn`` through `call_answer`, returns what came
+            out. The learner half: the only part a grading worker runs.
         label: a few words describing a case, for messages.
-        mistakes: ``(message, wrong_fn)`` pairs of known wrong implementations.
+        mistakes: ``(message, wrong_fn)`` pairs of known wrong implementations. Grader half.
         hint: the likely mistake to suggest when none of ``mistakes`` matches.
         prepare: ``prepare(observation, target, case)``, applied to an observation before it is
             compared with ``target``; for example to accept rounding a case legitimately allows.
@@ -268,10 +295,39 @@ class Exercise:
     hint: str = ""
     prepare: Callable[[Observation, Observation, dict], Observation] | None = None
 
+    @property
+    def observer(self) -> dict[str, str]:
+        """Where a grading worker finds ``observe``: the only code of this check it runs."""
+        module = getattr(self.observe, "__module__", "")
+        if not module.startswith("forge_course.observe."):
+            raise TypeError(f"{self.grade_id}: observe must live in forge_course.observe, "
+                            f"the learner half, not in {module!r}")  # fmt: skip
+        return {"module": module, "name": self.observe.__name__}
+
+    def _observed(self, kind: str, fn: Callable, case: dict) -> Observation:
+        """``observe(fn, case)`` from a clean state, once per case (the reference and the known
+        mistakes are deterministic, so a class shares them)."""
+        key = (self.grade_id, self.function, kind, repr(case))
+        with _CLEAN_ROOM:
+            if key not in _EXPECTED:
+                with clean_room():
+                    try:
+                        _EXPECTED[key] = ("ok", self.observe(fn, case))
+                    except Exception as err:  # noqa: BLE001  (a wrong implementation may fail)
+                        _EXPECTED[key] = ("failed", err)
+            status, value = _EXPECTED[key]
+        if status == "failed":
+            raise value
+        return value
+
+    def expected(self, case: dict) -> Observation:
+        """The reference's observation of ``case``."""
+        return self._observed("reference", self.reference, case)
+
     def judge(self, case: dict, got: Observation) -> None:
         """Raise a `Mistake` unless ``got``, observed on ``case``, matches the reference."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
-        want = self.observe(self.reference, case)
+        want = self.expected(case)
         prepare = self.prepare or (lambda observation, target, case: observation)
         got = prepare(got, want, case)
         explain(
@@ -280,9 +336,14 @@ class Exercise:
             want,
             case=self.label(case),
             known_mistakes=[
-                (message, lambda wrong=wrong: prepare(self.observe(wrong, case), got, case))
-                for message, wrong in self.mistakes
-            ],
+                (
+                    message,
+                    lambda i=i, wrong=wrong: prepare(
+                        self._observed(f"mistake {i}", wrong, case), got, case
+                    ),
+                )
+                for i, (message, wrong) in enumerate(self.mistakes)
+            ],  # fmt: skip
             hint=self.hint,
         )
 

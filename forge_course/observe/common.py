@@ -1,0 +1,59 @@
+"""What every observer shares: call the learner's function, and say why when it fails.
+
+`call_answer` turns the ways an answer can fail into a `Mistake` worded for the learner. In a
+notebook the grader half installs a guard (`set_guard`) that makes the course's references
+refuse to be called from the answer; a grading worker holds no references, so it needs none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+
+class Mistake(AssertionError):
+    """A failed check, worded for the learner. The first line names the exercise id."""
+
+    def __init__(self, grade_id: str, message: str):
+        self.grade_id = grade_id
+        super().__init__(f"[{grade_id}] {message}")
+
+
+_guard: Callable[[Callable], AbstractContextManager] = lambda fn: nullcontext()
+_translate: Callable[[BaseException], str | None] = lambda err: None
+
+
+def set_guard(
+    guard: Callable[[Callable], AbstractContextManager],
+    translate: Callable[[BaseException], str | None],
+) -> None:
+    """Install the notebook's tripwire: ``guard(fn)`` wraps each call of ``fn``; ``translate``
+    turns the tripwire's exception into a message (None for any other exception)."""
+    global _guard, _translate
+    _guard, _translate = guard, translate
+
+
+def call_answer(grade_id: str, name: str, fn: Callable, *args, case: str = "", **kwargs) -> Any:
+    """Call the learner's ``fn`` and turn the ways it can fail into a `Mistake` that says why."""
+    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+    if not callable(fn):
+        raise Mistake(grade_id, f"`{name}` should be a function, but it is {type(fn).__name__}.")
+    where = f" ({case})" if case else ""
+    try:
+        with _guard(fn):
+            return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise Mistake(
+            grade_id,
+            f"`{name}` is not written yet: replace `raise NotImplementedError()` with your code.",
+        ) from None
+    except Mistake:
+        raise
+    except Exception as err:
+        message = _translate(err)
+        if message is not None:
+            raise Mistake(grade_id, message) from err
+        raise Mistake(
+            grade_id, f"`{name}` raised {type(err).__name__}{where}: {err}".rstrip(": ")
+        ) from err
