@@ -30,6 +30,8 @@ c.CourseDirectory.autograded_directory = str(grading / "autograded")
 c.CourseDirectory.feedback_directory = str(grading / "feedback")
 c.CourseDirectory.db_url = f"sqlite:///{grading / 'gradebook.db'}"
 c.Exchange.root = str(grading / "exchange")
+# Student ids and messages reach the CSV: every field quoted, none read as a formula.
+c.ExportApp.plugin_class = "forge_course.grader.export.SafeCsvExport"
 
 # A chapter runs in under 60 s in total; one cell stuck for 120 s is a loop that will not end.
 c.Execute.timeout = 120

@@ -11,7 +11,8 @@ commands:
   doctor FILE.py:FUNC     run a training function under the loop doctor
   release                 rebuild build/source and notebooks/ from solutions/ (instructors)
   grade [ASSIGNMENT ...]  grade grading/submitted/ in parallel, isolated (graders);
-                          options: --submitted DIR, --jobs N, --timeout S, --memory MB, --force
+                          options: --submitted DIR, --jobs N, --timeout S, --memory MB,
+                          --device auto|cpu|cuda, --seed N, --force, --unsafe
 """
 
 
@@ -53,18 +54,32 @@ def _grade(argv: list[str]) -> int:
     parser.add_argument("--submitted", type=Path, help="folder of <student>/<assignment>/")
     parser.add_argument("--jobs", type=int, help="submissions graded at once (default: cores)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per exercise")
-    parser.add_argument("--memory", type=int, default=4096, help="MB of address space per worker")
+    parser.add_argument("--memory", type=int, default=4096, help="MB of memory per submission")
+    parser.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="devices to check on"
+    )
+    parser.add_argument("--seed", type=int, help="replay the hidden cases of an earlier run")
     parser.add_argument("--force", action="store_true", help="regrade what the ledger holds")
+    parser.add_argument(
+        "--unsafe", action="store_true", help="grade without bubblewrap (no sandbox: your rights)"
+    )
     args = parser.parse_args(argv)
     limits = sandbox.Limits(seconds=args.timeout, memory_mb=args.memory)
     print(f"Isolation: {sandbox.isolation()}", flush=True)
-    outcomes = run.grade(
-        args.assignments or None,
-        submitted=args.submitted,
-        jobs=args.jobs,
-        limits=limits,
-        force=args.force,
-    )
+    try:
+        outcomes = run.grade(
+            args.assignments or None,
+            submitted=args.submitted.resolve() if args.submitted else None,
+            jobs=args.jobs,
+            limits=limits,
+            force=args.force,
+            unsafe=args.unsafe,
+            seed=args.seed,
+            device=args.device,
+        )
+    except (run.SandboxUnavailable, sandbox.SandboxError) as err:
+        print(f"forge-course grade: {err}", file=sys.stderr)
+        return 2
     statuses = Counter(r["status"] for results in outcomes.values() for r in results.values())
     print(
         f"Graded {len(outcomes)} submission(s): "

@@ -27,7 +27,7 @@ def pick_device() -> torch.device:
     wanted = os.environ.get("FORGE_DEVICE", "").strip()
     if wanted:
         device = torch.device(wanted)
-        if device.type not in {d.type for d in available_devices()}:
+        if device.type not in {d.type for d in _present()}:
             raise RuntimeError(f"FORGE_DEVICE={wanted!r} is not available on this machine.")
         return device
     if torch.cuda.is_available():
@@ -37,12 +37,27 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def available_devices() -> list[torch.device]:
-    """Every device a test should run on: the CPU first, then each GPU present."""
+def _present() -> list[torch.device]:
     devices = [torch.device("cpu")]
     if torch.cuda.is_available():
-        devices += [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        devices.append(torch.device("cuda"))
     if _mps_ready():
+        devices.append(torch.device("mps"))
+    return devices
+
+
+def available_devices() -> list[torch.device]:
+    """Every device a test should run on: the CPU first, then each GPU present.
+
+    ``FORGE_DEVICE=cpu`` (or ``cuda``, ``mps``) limits the list to the CPU and that device, so
+    that a grader told ``--device cpu`` checks on the CPU alone, as its workers do.
+    """
+    wanted = os.environ.get("FORGE_DEVICE", "").strip()
+    kind = torch.device(wanted).type if wanted else None
+    devices = [torch.device("cpu")]
+    if torch.cuda.is_available() and kind in (None, "cuda"):
+        devices += [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    if _mps_ready() and kind in (None, "mps"):
         devices.append(torch.device("mps"))
     return devices
 

@@ -745,7 +745,7 @@ q_scheduler = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade_id": "ch00_q_iterations", "grade": true, "points": 1}
-from forge_course.grading import check_number
+from forge_course.grading.ch00 import check_number  # Python's numbers or NumPy's
 
 check_number(q_iterations, "ch00_q_iterations")
 ### BEGIN HIDDEN TESTS
@@ -754,7 +754,8 @@ check_number(
     "ch00_q_iterations",
     expected=196,
     hints={
-        195: "195 full batches hold 49,920 examples; the 80 left over make one more, partial batch.",
+        195: "50,000 // 256 rounds down: 195 full batches hold 49,920 examples, and the 80 left "
+        "over make one more, partial batch. Round up: ceil(50,000 / 256).",
         195.3125: "a number of batches is a whole number: the partial batch counts, so round up.",
         80: "80 is the size of the last batch, not the number of batches.",
     },
@@ -762,7 +763,7 @@ check_number(
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade_id": "ch00_q_updates", "grade": true, "points": 1}
-from forge_course.grading import check_number
+from forge_course.grading.ch00 import check_number  # Python's numbers or NumPy's
 
 check_number(q_updates, "ch00_q_updates")
 ### BEGIN HIDDEN TESTS
@@ -775,10 +776,17 @@ check_number(
     "ch00_q_updates",
     expected=790,
     hints={
-        780: "10 × 78 is what a loop that steps only when (i + 1) % K == 0 makes; this one also "
-        "steps on the last group of each epoch (313 = 78 × 4 + 1).",
+        780: "10 × 78 rounds down somewhere. 20,000 // 64 = 312 loses the partial batch: an "
+        "epoch has ceil(20,000 / 64) = 313 micro-batches. And 313 // 4 = 78 is what a loop that "
+        "steps only when (i + 1) % K == 0 makes; this one also steps on the last group of each "
+        "epoch (313 = 78 × 4 + 1).",
         3130: "3,130 counts micro-batches (313 per epoch); an update comes once per group of 4.",
+        3120: "3,120 counts micro-batches, and 20,000 // 64 = 312 rounds down: an epoch has "
+        "313 of them, and an update comes once per group of 4.",
         79: "79 is the number per epoch; the run has 10 epochs.",
+        78: "313 // 4 = 78 rounds down, and counts one epoch: the last, shorter group of each "
+        "epoch gets its own update (79 per epoch), and the run has 10 epochs.",
+        781: "200,000 // 256 rounds down, and counts the run as one long epoch. " + per_epoch,
         782: per_epoch,
         783: per_epoch,
     },

@@ -672,10 +672,13 @@ assert torch.allclose(
 #
 # Complete `LogSumExp` so that `LogSumExp.apply(x, dim)` equals `torch.logsumexp(x, dim)` (the
 # summed dimension removed) for any shape, stays finite for logits near ±1000, and has the
-# gradient `softmax(x, dim) * grad_output.unsqueeze(dim)`. Build the forward from `amax`,
-# `exp`, `sum` and `log` (calling `torch.logsumexp` would skip the point of the exercise), and
-# make sure the softmax used in backward cannot overflow either: save it from the forward, or
-# compute it from shifted exponents. The hidden tests also run `gradcheck` in `float64`.
+# gradient `softmax(x, dim) * grad_output.unsqueeze(dim)`. Keep it a `torch.autograd.Function`
+# (its own `forward` and `backward`, and the `apply` it inherits). Build the forward from
+# `amax`, `exp`, `sum` and `log`: calling `torch.logsumexp` (under any of its names) would skip
+# the point of the exercise, so neither `forward` nor `backward` may call it, and the check
+# watches for it. Leave `x` as it is: compute `x - m` as a new tensor, not in place. Make sure
+# the softmax used in backward cannot overflow either: save it from the forward, or compute it
+# from shifted exponents. The hidden tests also run `gradcheck` in `float64`.
 
 
 # %% nbgrader={"grade_id": "ch01_logsumexp", "solution": true}
@@ -792,8 +795,10 @@ plt.show()
 # Write `round_ste(x)` whose value equals `torch.round(x)` (halves go to the even neighbour:
 # $0.5 \to 0$, $1.5 \to 2$) and whose backward passes `grad_output` on unchanged, for any
 # shape, dtype and device. The result must stay in the graph, and the gradient must keep
-# flowing past it when `x` is itself the output of earlier operations. A
-# `torch.autograd.Function` works; so does a one-line trick with `detach()`, if you find it.
+# flowing past it when `x` is itself the output of earlier operations. Return a new tensor and
+# leave `x` as it was: no in-place change to it, not even through `.data` (the caller still
+# needs its values, and autograd would not see the change). A `torch.autograd.Function` works;
+# so does a one-line trick with `detach()`, if you find it.
 
 
 # %% nbgrader={"grade_id": "ch01_straight_through", "solution": true}

@@ -37,7 +37,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
-from tqdm.auto import tqdm
 
 from forge_course import pick_device
 from forge_course.data import UNK_ID, build_vocabulary, encode, reviews_csv_path, tokenize
@@ -149,10 +148,11 @@ print("DataLoader(squares, batch_size=2):  ", [b.tolist() for b in DataLoader(sq
 #   `[-len(dataset), len(dataset))` raises `IndexError`.
 #
 # Whether you encode every text in `__init__` or one text per `__getitem__` call is up to you.
-# The check also loads your dataset through a DataLoader (with a padding collate), copies it
-# with `copy.deepcopy` (workers started with *spawn*, the default on macOS and Windows, receive
-# such a copy, so the dataset must hold nothing that cannot be copied, like an open file), and
-# tries a file whose fields hold commas, quotes and a line break.
+# The check also loads your dataset through a shuffling DataLoader (with worker processes in
+# the hidden tests), copies it with `copy.deepcopy` (workers started with *spawn*, the default
+# on macOS and Windows, receive such a copy, so the dataset must hold nothing that cannot be
+# copied, like an open file), and tries a file whose fields hold commas, quotes and a line
+# break.
 
 
 # %% nbgrader={"grade_id": "ch02_csv_dataset", "solution": true}
@@ -380,6 +380,8 @@ except TypeError as err:
 
 
 # %%
+from tqdm.auto import tqdm
+
 from forge_course.reference.datasets import SlowDataset
 
 
@@ -616,7 +618,7 @@ for source in ("global", "own"):
 #
 # 1. different workers draw different numbers;
 # 2. a DataLoader whose `generator` is seeded the same way draws the same numbers again;
-# 3. another generator seed, or the next epoch, draws new numbers.
+# 3. another generator seed, or the next epoch, draws new numbers in every worker.
 #
 # Inside a worker, `get_worker_info()` returns an object with `.id`, `.num_workers`, `.seed`
 # (this worker's seed, `base_seed + worker_id`: different for every worker and every epoch,
@@ -729,7 +731,7 @@ workers_answer = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade_id": "ch02_q_unseen", "grade": true, "points": 1}
-from forge_course.grading import check_number
+from forge_course.grading.ch02 import check_number
 
 check_number(unseen_examples, "ch02_q_unseen")
 ### BEGIN HIDDEN TESTS
@@ -747,7 +749,7 @@ check_number(
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade_id": "ch02_q_worker_batches", "grade": true, "points": 1}
-from forge_course.grading import check_number
+from forge_course.grading.ch02 import check_number
 
 check_number(worker0_batches, "ch02_q_worker_batches")
 ### BEGIN HIDDEN TESTS

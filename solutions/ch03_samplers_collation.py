@@ -47,7 +47,6 @@ from torch.utils.data import (
 from forge_course import pick_device
 from forge_course.data import build_vocabulary, encode, load_reviews, make_imbalanced
 from forge_course.device import describe
-from forge_course.reference import sampling as ref
 from forge_course.sims.display import PALETTE
 
 device = pick_device()
@@ -508,6 +507,8 @@ except RuntimeError as err:
 # The batch is padded to its *own* longest review, 9, not to the longest in the data set, 29.
 
 # %%
+from forge_course.reference import sampling as ref
+
 batch = ref.pad_collate(reviews[:3])
 by_hand = {
     "input_ids": [[165, 6] + [0] * 7, [117, 445] + [0] * 7, [2, 156, 268, 139, 3, 2, 76, 203, 319]],
@@ -557,14 +558,15 @@ with torch.no_grad():
 # ## Exercise 3 · `ch03_pad_collate`: a padding collate function
 #
 # Write `pad_collate(batch, pad_value=0)`. `batch` is a list of `(sequence, label)` pairs: a
-# sequence is a 1-D tensor of token ids (of any integer dtype, and possibly empty), a label an
-# int. Return a dict:
+# sequence is a 1-D tensor of token ids (of any integer dtype, and possibly empty), a label a
+# Python int. Return a dict:
 #
 # * `"input_ids"`: `[B, L]`, where `L` is the longest sequence **in this batch** (0 if all are
 #   empty), in the sequences' dtype; each row is its sequence followed by `pad_value`;
 # * `"attention_mask"`: `[B, L]`, `torch.long`, 1 on real tokens and 0 on padding. Build it
 #   from the lengths: a real token may be equal to `pad_value`;
-# * `"labels"`: a tensor of shape `[B]`.
+# * `"labels"`: `[B]`, `torch.long` (int64) whatever the sequences' dtype, the class indices
+#   that `CrossEntropyLoss` takes (it refuses int32); `torch.tensor(labels)` gives that.
 
 
 # %% nbgrader={"grade_id": "ch03_pad_collate", "solution": true}

@@ -251,7 +251,8 @@ print("0-dim CPU tensor × tensor on OTHER gives a tensor on", (scalar * moved.h
 # has at least two numbers; `MLP([3, 5])` has no hidden layer at all.
 #
 # The check counts the parameters, reads the names, compares outputs with fixed weights,
-# moves the model with `.to()` (to `meta` as well) and takes one SGD step.
+# moves the model with `.to()` (to `meta` as well) and checks that a backward pass reaches
+# every parameter that `model.parameters()` lists.
 
 
 # %% nbgrader={"grade_id": "ch05_repair_model", "solution": true}
@@ -277,7 +278,7 @@ class MLP(nn.Module):
 from forge_course.grading import ch05
 
 ch05.check_repair_model(MLP)
-print("MLP: 139 parameters with the right names, the right outputs, moves with .to(), trains.")
+print("MLP: 139 parameters, the right names and outputs, moves with .to(), gradients reach all.")
 ### BEGIN HIDDEN TESTS
 ch05.check_repair_model(MLP, thorough=True)
 ### END HIDDEN TESTS

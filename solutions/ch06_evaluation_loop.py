@@ -330,7 +330,8 @@ print(f"one press takes {statistics.median(latencies) * 1e3:.2f} ms to compute (
 # ## Putting the mode back
 #
 # `model.eval()` is `model.train(False)`: it sets the `training` flag of the model and of every
-# submodule. An evaluation helper must undo it afterwards, and "undo" is not `model.train()`:
+# submodule. An evaluation helper must undo it afterwards, and the rule this course uses is:
+# **`evaluate` restores each module's mode as it found it.** That is not `model.train()`:
 #
 # * a model being **served** is in eval mode; an evaluation helper that ends with
 #   `model.train()` switches dropout back on for every prediction that follows;
@@ -572,15 +573,27 @@ print(f"keeping tensor totals with recording on: +{growth / 1024:.1f} KiB per ev
 # Write `evaluate(model, loader, loss_fn, device)` that returns `(mean_loss, accuracy)`, two
 # Python floats over every example the loader yields.
 #
-# * **Eval mode** during every forward pass, and afterwards **every module's previous mode
-#   restored**: the check starts from train mode, from eval mode, and from a model whose batch
-#   norm is frozen in eval mode while the rest trains.
+# * **Eval mode** during every forward pass, and afterwards **each module's mode restored as
+#   you found it** (the rule of "Putting the mode back"): the check starts from train mode, from
+#   eval mode, and from a model whose batch norm is frozen in eval mode while the rest trains.
 # * **No graph**: run the forward passes under `torch.no_grad()` (or `torch.inference_mode()`).
-# * **Weighted by examples**: `loss_fn` returns the mean over its batch, and the last batch may
-#   be short. Use `loss_fn`; do not assume which loss it is.
+#   Leave autograd as you found it: no `torch.set_grad_enabled(False)` that outlives the call,
+#   no `requires_grad_(False)` left on the parameters.
+# * **Weighted by examples**: `loss_fn` returns the mean over its batch in which every example
+#   counts once (`reduction="mean"`, no class weights, no `ignore_index`): for example
+#   `CrossEntropyLoss()`, with or without `label_smoothing`, or `MultiMarginLoss()`. The last
+#   batch may be short, so multiply each batch's mean by its number of examples and divide the
+#   sum by the number of examples. Use `loss_fn`, whichever of these it is, and leave its
+#   settings (`reduction` included) as they are.
 # * **Accuracy**: the fraction of examples whose highest score is the target,
 #   `outputs.argmax(dim=-1) == targets`.
-# * Move each batch to `device`, and leave every `.grad` as it is.
+# * Move the inputs **and the targets** of each batch to `device`, and leave every parameter,
+#   buffer and `.grad` as it is.
+#
+# Why the restriction on the loss: with class weights, `CrossEntropyLoss`'s batch mean divides
+# by the total weight of the batch's targets, and with `ignore_index` by the number of targets
+# not ignored, not by the batch size. For those, add up `reduction="sum"` losses (on a copy of
+# the loss function) and divide by the same total weight or count over the whole set.
 
 
 # %% nbgrader={"grade_id": "ch06_evaluate", "solution": true}
@@ -750,7 +763,10 @@ for batch_size, samples in timings.items():
 #   output (inputs may have extra leading dimensions, such as `[B, T, features]`);
 # * computed in eval mode under **`torch.inference_mode()`**, on the model's device: `x`
 #   arrives on the CPU, so move it to the device of the model's parameters;
-# * every module's previous mode restored afterwards, and every `.grad` left as it is.
+# * returned **on the model's device**, where they were computed: no `.cpu()`, `.tolist()` or
+#   `.numpy()` (the caller decides where they go next). The check also runs a model on `meta`,
+#   which keeps shapes but no values, so it sees where the result lands on any machine;
+# * each module's mode restored as you found it, and every `.grad` left as it is.
 
 
 # %% nbgrader={"grade_id": "ch06_predict", "solution": true}

@@ -38,8 +38,6 @@ from torch import nn
 
 from forge_course import available_devices, pick_device
 from forge_course.device import describe
-from forge_course.reference import detectors
-from forge_course.sims import bug_detector as bd
 from forge_course.sims.display import PALETTE
 
 device = pick_device()
@@ -60,6 +58,9 @@ print("Running on", describe(device))
 
 
 # %%
+from forge_course.sims import bug_detector as bd
+
+
 def make_optimizer(model):
     return torch.optim.SGD(model.parameters(), lr=bd.LEARNING_RATE, momentum=0.9)
 
@@ -230,8 +231,9 @@ print(f"loss after {STEPS} steps: bug-free {correct['loss'][-1]:.3f}, "
 # `0.0`. Do not change any gradient. The result equals what
 # `torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf)` returns.
 #
-# The hidden tests run it on every device this machine has, in float32 and float64, on models
-# with frozen and unused layers, before any backward, and after two backward calls.
+# The tests run it on models with frozen and unused layers, before any backward, after two
+# backward calls and after an in-place `zero_grad(set_to_none=False)`, in float32 and float64,
+# on every device this machine has; the hidden tests draw new weights every time they run.
 
 
 # %% nbgrader={"grade_id": "ch07_grad_norm", "solution": true}
@@ -246,11 +248,11 @@ def grad_norm(model):
 
 
 # %% nbgrader={"grade_id": "ch07_grad_norm_tests", "grade": true, "points": 3}
-# Visible tests: an MLP after one backward, and the same MLP with its first layer frozen.
+# Visible tests: every kind of model above, on every device, and two of them in float64.
 from forge_course.grading import ch07
 
 ch07.check_grad_norm(grad_norm)
-print("grad_norm: correct on an MLP, and on one whose first layer has no gradients.")
+print("grad_norm: correct on every kind of model, with and without gradients.")
 ### BEGIN HIDDEN TESTS
 ch07.check_grad_norm(grad_norm, thorough=True)
 ### END HIDDEN TESTS
@@ -262,6 +264,8 @@ ch07.check_grad_norm(grad_norm, thorough=True)
 # runs whatever your answer above does):
 
 # %%
+from forge_course.reference import detectors
+
 torch.manual_seed(SEED)
 probe = bd.SpiralNet().to(device)
 x, y = batches[0]
@@ -471,14 +475,19 @@ for retain, detach in [(False, False), (True, False), (False, True)]:
 # Write `graph_leaks(obj)` that returns, as an **int**, how many tensors in `obj` still carry an
 # autograd graph, that is have a `grad_fn` that is not None. `obj` may be a tensor, a number, a
 # string, `None`, or lists, tuples and dicts of these nested to any depth. Search dict values,
-# not keys; anything that is not a tensor, list, tuple or dict counts 0. A parameter or any
-# other leaf tensor carries no graph even when it requires grad, and neither does a detached
-# tensor. A tensor stored twice counts twice.
+# never keys, even when a key is a tensor. Open only lists, tuples and dicts: anything else
+# counts 0, a set or a frozenset of losses included. A parameter or any other leaf tensor
+# carries no graph even when it requires grad, and neither does a detached tensor. The count is
+# of places: a tensor stored twice (in a list and again as `last`) counts twice, so do not
+# de-duplicate.
 #
 # Careful with strings: a string is iterable, and so is each of its characters.
 #
-# The hidden tests add parameters and their gradients, tensors made under `no_grad`, an integer
-# `argmax`, a running total, deep nesting, empty containers, on every device.
+# The tests cover each of these: losses in lists, nested dicts and deep lists, a log mixing
+# numbers, strings and `None`, a parameter and its gradient, tensors made under `no_grad`, an
+# integer `argmax`, a running total, empty containers, a loss stored twice, a loss as a dict key,
+# losses in a set, on every device this machine has; the hidden tests draw new numbers every time
+# they run.
 
 
 # %% nbgrader={"grade_id": "ch07_leak_check", "solution": true}
@@ -495,11 +504,11 @@ def graph_leaks(obj):
 
 
 # %% nbgrader={"grade_id": "ch07_leak_check_tests", "grade": true, "points": 2}
-# Visible tests: three losses in a list, and a log of nested dicts and lists with a string.
+# Visible tests: every object above, on every device.
 from forge_course.grading import ch07
 
 ch07.check_leak_check(graph_leaks)
-print("graph_leaks: counts the graph-carrying tensors in a list and in a nested log.")
+print("graph_leaks: counts the graph-carrying tensors in every kind of log.")
 ### BEGIN HIDDEN TESTS
 ch07.check_leak_check(graph_leaks, thorough=True)
 ### END HIDDEN TESTS

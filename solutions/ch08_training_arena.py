@@ -35,9 +35,8 @@ import torch
 from torch import nn
 
 from forge_course import pick_device
+from forge_course.data import make_spiral, train_val_split
 from forge_course.device import describe
-from forge_course.reference import training
-from forge_course.reference.training import make_model, spiral_data, steps_per_epoch
 from forge_course.sims.display import PALETTE
 
 # The thread count torch chose for this machine, kept for a comparison below (on a re-run,
@@ -47,6 +46,32 @@ torch.set_num_threads(THREADS)
 device = pick_device()
 torch.manual_seed(SEED)
 print("Running on", describe(device), f"(torch chose {DEFAULT_THREADS} threads by default)")
+
+
+# The three pieces every run of this chapter is built from, the same as those of
+# `forge_course.reference.training`. They are defined in this first cell because the grader runs
+# your answer to Exercise 1 after this cell alone.
+def spiral_data():
+    """The track: 2 spiral arms of 200 points, split 300 / 100; the same tensors on every call."""
+    X, y = make_spiral(n_per_class=200, classes=2, noise=0.2, seed=0)
+    return train_val_split(X, y, val_fraction=0.25, seed=0)
+
+
+def make_model(config):
+    """Seed torch with config["seed"], then build the MLP 2 → 32 → 32 → 2 on the CPU."""
+    torch.manual_seed(config["seed"])
+    p = config["dropout"]  # each hidden layer: Linear → ReLU → Dropout
+    return nn.Sequential(
+        nn.Linear(2, 32), nn.ReLU(), nn.Dropout(p),
+        nn.Linear(32, 32), nn.ReLU(), nn.Dropout(p),
+        nn.Linear(32, 2),
+    )  # fmt: skip
+
+
+def steps_per_epoch(n_examples, batch_size):
+    """Optimizer steps in one epoch: every full batch, plus one for a short last batch."""
+    return math.ceil(n_examples / batch_size)
+
 
 # %% [markdown]
 # ## The track: two spiral arms
@@ -69,6 +94,8 @@ print("Running on", describe(device), f"(torch chose {DEFAULT_THREADS} threads b
 # gives the same starting weights.
 
 # %%
+from forge_course.reference import training
+
 X_train, y_train, X_val, y_val = spiral_data()
 batches_per_epoch = steps_per_epoch(len(X_train), 32)
 model = make_model(training.DEFAULT_CONFIG)
@@ -380,11 +407,11 @@ print("after OneCycleLR with its defaults:", sgd.param_groups[0]["momentum"])
 # of the 100 validation points classified right; `lr` one per optimizer step, the rate that step
 # used (`optimizer.param_groups[0]["lr"]`, read just before `optimizer.step()`).
 #
-# The first cell of this notebook imported `torch`, `nn`, `spiral_data`, `make_model` and
-# `steps_per_epoch` for you; the grader runs your answer after that cell alone, so do not import
-# from `forge_course` in your answer. Write the optimizer and the schedule yourself: the check
-# refuses answers that call forge_course's `fit`, `make_optimizer` or `make_scheduler`, or the
-# simulator built on them.
+# The first cell of this notebook imported `torch` and `nn` and defined `spiral_data`,
+# `make_model` and `steps_per_epoch` for you; the grader runs your answer after that cell alone,
+# so do not import from `forge_course` in your answer. Write the optimizer and the schedule
+# yourself: the check refuses answers that call forge_course's `fit`, `make_optimizer` or
+# `make_scheduler`, or the simulator built on them.
 
 
 # %% nbgrader={"grade_id": "ch08_fit", "solution": true}

@@ -129,9 +129,11 @@ print(f"sample-weighted mean: {weighted:.4f}   mean of batch means: {np.mean(los
 # 1218$ float32 values: $1218 \cdot 4 = 4872$ bytes. AdamW keeps two more values per
 # parameter (`exp_avg`, `exp_avg_sq`), $2 \cdot 4872 = 9744$ bytes, plus a one-value float32
 # `step` per parameter tensor, $6 \cdot 4 = 24$ bytes: the optimizer's state is twice the model.
-# torch's CPU generator state is a 5056-byte tensor. Tensors in all: $4872 + 9744 + 24 + 5056
-# = 19{,}696$ bytes; the file adds Python's and NumPy's states (624 numbers each, stored as
-# plain lists) and the zip container.
+# torch's CPU generator state is a 5056-byte tensor (its Mersenne Twister's 624 words, with
+# the seed and the cached normal draws), and each CUDA device adds 16 bytes: its Philox
+# generator needs only a 64-bit seed and a 64-bit offset into its stream. Without a GPU the
+# tensors add up to $4872 + 9744 + 24 + 5056 = 19{,}696$ bytes (16 more per GPU); the file adds
+# Python's and NumPy's states (624 numbers each, stored as plain lists) and the zip container.
 
 # %%
 from forge_course.reference import checkpoint as ckpt
@@ -155,7 +157,8 @@ for key in ("model", "optimizer", "scheduler", "sampler", "counters", "rng"):
     print(f"{key:10} {tensor_bytes(payload[key]):6} bytes of tensors   {str(payload[key])[:60]}…")
 assert tensor_bytes(payload["model"]) == 1218 * 4 == 4872
 assert tensor_bytes(payload["optimizer"]) == 2 * 4872 + 6 * 4
-assert tensor_bytes(payload["rng"]) == 5056
+gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+assert tensor_bytes(payload["rng"]) == 5056 + 16 * gpus  # CPU generator + one Philox per GPU
 print(f"tensors: {tensor_bytes(payload)} bytes; the file: {path.stat().st_size} bytes")
 
 # %% [markdown]
@@ -271,11 +274,18 @@ except pickle.UnpicklingError as err:
 #   `np.uint32` array), and returns the step.
 #
 # The check trains a small model whose steps draw from all three generators, checkpoints every
-# few steps, stops during a step (the crash), throws every object away, builds fresh ones from
-# *another* seed, resumes from your file and finishes. Losses and final weights must equal an
-# uninterrupted run bit for bit. Your save is resumed by a correct load, and your load resumes
-# a correct save, so each is judged on its own. The hidden check adds other seeds and crash
-# points, every device, a save that fails half-way, and a file with code hidden in it.
+# few steps and stops during a step (the crash). Each function is judged on its own:
+#
+# * your save is called at every checkpoint, and what your file holds when the run is killed
+#   must equal, entry by entry, what a correct save writes at that moment (tuples or lists,
+#   tensors or lists for NumPy's keys: the spelling does not matter, the values do);
+# * your load is given a correct file, with fresh objects built from *another* seed, and the
+#   run it resumes must finish exactly as an uninterrupted run, losses and final weights bit
+#   for bit.
+#
+# The hidden check adds other seeds and crash points, every device, a save that fails
+# half-way (a backup of the previous checkpoint, such as a `.prev` file, is fine; a temporary
+# file outside the checkpoint's folder is not), and a file with code hidden in it.
 
 
 # %% nbgrader={"grade_id": "ch09_checkpoint", "solution": true}

@@ -47,10 +47,6 @@ from torch import nn
 
 from forge_course import pick_device
 from forge_course.device import describe
-from forge_course.reference import accumulation as ref_acc
-from forge_course.reference import amp as ref_amp
-from forge_course.reference import checkpointing as ref_ckpt
-from forge_course.reference.memory import saved_activation_bytes
 from forge_course.sims.display import PALETTE
 
 device = pick_device()
@@ -144,6 +140,9 @@ plt.show()
 
 
 # %%
+from forge_course.reference import accumulation as ref_acc
+
+
 def make_regressor(seed=SEED, batchnorm=False):
     torch.manual_seed(seed)
     layers = [nn.Linear(IN_FEATURES, 32)]
@@ -275,13 +274,17 @@ for name, batchnorm in (("no batch statistics", False), ("with BatchNorm1d", Tru
 #
 # * `micro_batches` is a list of `(x, y)` pairs, of possibly different sizes; `loss_fn`
 #   returns a batch's mean loss;
-# * the parameters after the call must equal one step on all the examples at once: clear the
-#   gradients, backpropagate each micro-batch's loss weighted by $n_i / N$, clip the total
+# * the parameters after the call must equal one step on all the examples at once, reached
+#   the accumulating way: clear the gradients, then for each micro-batch in turn one forward
+#   pass and one backward of its loss weighted by $n_i / N$ (never one forward on all of them
+#   at once: that is the big batch, with all its activations in memory), clip the total
 #   gradient norm to `max_grad_norm` once (when it is given), and step once;
 # * return the mean loss over all $N$ examples as a Python float.
 #
 # The check calls it twice in a row and compares what it returns and every parameter with the
-# reference; the hidden check adds other splits, clipping, AdamW, float64 and every device.
+# reference, and it notes the size of every batch the model's forward sees: one forward per
+# micro-batch, in order. The hidden check adds other splits, clipping, AdamW, float64 and
+# every device.
 
 
 # %% nbgrader={"grade_id": "ch10_accumulate_step", "solution": true}
@@ -327,6 +330,8 @@ ch10.check_accumulate_step(accumulate_step, thorough=True)
 # and once on the 16-bit output of a matmul.
 
 # %%
+from forge_course.reference import amp as ref_amp
+
 low = ref_amp.autocast_dtype(device)  # float16 on CUDA and MPS, bfloat16 on the CPU
 a = torch.randn(8, 8, device=device)
 target = torch.zeros(8, dtype=torch.long, device=device)
@@ -440,6 +445,7 @@ print(f"the scaler this device needs for {low}: {ref_amp.make_scaler(device)}")
 # `saved_activation_bytes`; time is the fastest of `TIMING_REPEATS` runs.
 
 # %%
+from forge_course.reference.memory import saved_activation_bytes
 from forge_course.sims.memory_compute import make_blocks
 
 blocks = make_blocks(N_BLOCKS, WIDTH, seed=SEED).to(device)
@@ -510,8 +516,11 @@ for b in (BATCH, 16 * BATCH):
 #
 # Write `amp_train_step(model, optimizer, loss_fn, x, y, scaler=None)`:
 #
-# * clear the gradients, then run the forward pass **and the loss** under `torch.autocast` on
-#   `x`'s device type, with bfloat16 on the CPU and float16 on CUDA and MPS;
+# * clear the gradients, then run the forward pass **and the loss** under `torch.autocast` for
+#   `x`'s device type (`x.device.type`: never a device written into the code), with bfloat16
+#   on the CPU and float16 on CUDA and MPS. On a GPU that supports bfloat16
+#   (`torch.cuda.is_bf16_supported()`) bfloat16 is accepted too: the check then compares the
+#   loss at bfloat16's precision;
 # * without a scaler: `loss.backward()` and `optimizer.step()`;
 # * with a scaler (whoever calls you created it once, with `torch.amp.GradScaler(...)`): scale
 #   the loss before backward, let the scaler make the step, and update the scaler;
@@ -520,7 +529,9 @@ for b in (BATCH, 16 * BATCH):
 # The check runs two steps on the CPU (bfloat16, no scaler) and compares the model's output
 # dtype, the returned loss and the parameters (at bfloat16 precision) with the reference. The
 # hidden check adds AdamW, a scaler passed on the CPU, a gradient that overflows (the step
-# must be skipped and the scale halved), and every device.
+# must be skipped and the scale halved), every device, and, so that a device written into the
+# code shows even on a machine without a GPU, a CPU batch whose `device` says `cuda` (CUDA's
+# autocast leaves its CPU arithmetic in float32).
 
 
 # %% nbgrader={"grade_id": "ch10_amp_step", "solution": true}
@@ -580,6 +591,8 @@ ch10.check_amp_step(amp_train_step, thorough=True)
 # `checkpointed_forward` (`forge_course.reference.checkpointing`).
 
 # %%
+from forge_course.reference import checkpointing as ref_ckpt
+
 x_deep = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(SEED)).to(device)
 block_bytes = BATCH * (WIDTH + 4 * WIDTH + 4 * WIDTH) * 4
 input_bytes = BATCH * WIDTH * 4
@@ -679,10 +692,12 @@ print(f"slider: {lookup_ms:.3f} ms to look a measurement up, {draw_ms:.0f} ms to
 #   `torch.utils.checkpoint.checkpoint(run_group, h, use_reentrant=False)`, where `run_group`
 #   applies that group's layers in order, and return the final output.
 #
-# The check compares the output and every gradient with the plain forward's, and the bytes
-# kept for backward with the reference's: no more is allowed. The hidden check adds uneven
-# splits, one segment, one segment per layer, an input that requires grad, float64 and every
-# device.
+# The check compares the output and every gradient with the plain forward's, the bytes kept
+# for backward with the reference's (no more is allowed), and counts how often each block
+# runs: once in the forward pass and once more during backward, when its segment is
+# recomputed. The blocks must run under `checkpoint`'s own saved-tensor hooks or the check's,
+# not under a `saved_tensors_hooks` of your own. The hidden check adds uneven splits, one
+# segment, one segment per layer, an input that requires grad, float64 and every device.
 
 
 # %% nbgrader={"grade_id": "ch10_checkpointed_forward", "solution": true}

@@ -35,14 +35,47 @@ import time
 import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from forge_course import pick_device
 from forge_course.device import describe
-from forge_course.reference.ddp import GLOBAL_BATCH, make_dataset, make_model, train
-from forge_course.reference.ddp import SEED as SEED_DDP  # the seed of the DDP demo's data
 from forge_course.sims.display import PALETTE
+
+# The DDP demo's run: the same data, model and loop as torchrun's demo below (a test checks).
+SEED_DDP = 0  # seeds the DDP demo's data, initial weights and shuffle
+GLOBAL_BATCH = 16  # examples per optimizer step, summed over all ranks
+STEPS_DDP = 3  # optimizer steps: one pass over the data
+
+
+def make_dataset():
+    """The DDP demo's regression data: STEPS_DDP global batches, the same on every rank."""
+    generator = torch.Generator().manual_seed(SEED_DDP)
+    x = torch.randn(STEPS_DDP * GLOBAL_BATCH, 4, generator=generator)
+    noise = 0.1 * torch.randn(len(x), 1, generator=generator)
+    return TensorDataset(x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + noise)
+
+
+def make_model():
+    """A tiny MLP whose initial weights depend only on SEED_DDP; the caller's RNG is left alone."""
+    state = torch.get_rng_state()
+    torch.manual_seed(SEED_DDP)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    torch.set_rng_state(state)
+    return model
+
+
+def train(model, loader, device):
+    """One pass of the plain loop (SGD, lr 0.1, momentum 0.9), on a bare or DDP-wrapped model."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model.train()
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()  # under DDP: the ranks meet here
+        optimizer.step()
+
 
 device = pick_device()
 torch.manual_seed(SEED)
@@ -347,22 +380,27 @@ assert summary["ok"] and summary["ranks_identical"] and summary["max_abs_diff"] 
 #
 # 1. join the group: `dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
 #    rank=rank, world_size=world_size)`;
-# 2. build the data and model with `make_dataset()` and `make_model()` from
-#    `forge_course.reference.ddp`, and give a `DataLoader` a
+# 2. build the data and model with `make_dataset()` and `make_model()` (the first cell defines
+#    them: the same run as `forge_course.reference.ddp`), and give a `DataLoader` a
 #    `DistributedSampler(dataset, world_size, rank, shuffle=True, seed=SEED_DDP)` and a batch
 #    size of `GLOBAL_BATCH // world_size`;
 # 3. wrap the model in `DistributedDataParallel` and train it with `train(model, loader,
 #    torch.device("cpu"))` (one pass, 3 steps);
 # 4. save the weights of the model **inside** the wrapper, `model.module.state_dict()`, with
-#    `torch.save` to `os.path.join(out_dir, f"rank{rank}.pt")`;
+#    `torch.save` to `os.path.join(out_dir, f"rank{rank}.pt")`, in every rank;
 # 5. destroy the group with `dist.destroy_process_group()`, also when something fails.
 #
 # The check starts `world_size` real processes running your function (2 here; 4 and 1 in the
-# hidden test), stops them after 60 s if they hang, and compares the saved weights across
-# ranks and with one process on the whole batch, within 1e-6.
+# hidden test), each a fresh Python process, as torchrun starts them, with an `out_dir` of its
+# own; it stops them after 60 s if they hang. It checks that every rank joined a group of
+# `world_size` processes as its own `rank` and saved its own file, and compares the saved
+# weights across ranks and with one process on the whole batch, within 1e-6. A fresh process
+# gets your function and the globals it uses from this notebook (functions, numbers, modules
+# and what the first cell imports); create anything else inside `worker`.
 
-# The first cell of the notebook imports `dist`, `DistributedDataParallel`, `DataLoader`,
-# `DistributedSampler`, `make_dataset`, `make_model`, `train`, `GLOBAL_BATCH` and `SEED_DDP`.
+# The first cell of the notebook imports `dist`, `DistributedDataParallel`, `DataLoader` and
+# `DistributedSampler`, and defines `make_dataset`, `make_model`, `train`, `GLOBAL_BATCH` and
+# `SEED_DDP`.
 
 
 # %% nbgrader={"grade_id": "ch11_ddp_worker", "solution": true}

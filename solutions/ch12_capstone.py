@@ -44,10 +44,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from forge_course import pick_device
 from forge_course.data import make_spiral, train_val_split
 from forge_course.device import describe
-from forge_course.doctor import diagnose
-from forge_course.reference import capstone
-from forge_course.reference.checkpoint import load_checkpoint
-from forge_course.reference.seeding import seed_everything
 from forge_course.sims.display import PALETTE
 
 torch.set_num_threads(1)  # tiny models: extra threads only add hand-offs on a busy machine
@@ -97,6 +93,9 @@ print("Running on", describe(device))
 
 
 # %%
+from forge_course.reference import capstone
+
+
 def loop_body(fn):
     """The source lines of `fn` from `model.to(device)` to the end."""
     lines = inspect.getsource(fn).splitlines()
@@ -144,6 +143,10 @@ assert removed == 0, "the production loop should only add lines to the plain loo
 
 
 # %%
+from forge_course.reference.checkpoint import load_checkpoint
+from forge_course.reference.seeding import seed_everything
+
+
 def spiral_loaders(seed):
     X, y = make_spiral(n_per_class=N_PER_CLASS, classes=2, noise=0.2, seed=seed)
     X_train, y_train, X_val, y_val = train_val_split(X, y, val_fraction=0.25, seed=seed)
@@ -317,7 +320,10 @@ plt.show()
 #
 # The check runs it on working setups (it must say `True`) and on silently broken ones: a
 # learning rate of 0, a loss rebuilt from `loss.item()`, an optimizer whose `step()` does
-# nothing, a learning rate so large the loss explodes (it must say `False`), on every device.
+# nothing, a learning rate so large the loss explodes, and one where the loss falls for one
+# step and then diverges (it must say `False`: the last loss is the one that counts), on every
+# device. It counts what your function builds and how its optimizer steps, so build the model
+# and the optimizer with the functions given, once each.
 
 
 # %% nbgrader={"grade_id": "ch12_smoke_test", "solution": true}
@@ -358,6 +364,9 @@ ch12.check_smoke_test(smoke_test, thorough=True)
 
 
 # %%
+from forge_course.doctor import diagnose
+
+
 def fit_forgets_train_mode(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
     model.to(device)
     model.train()  # only once, before the first epoch
@@ -383,19 +392,26 @@ assert diagnose(capstone.fit).ok and report.codes == ["train_mode_not_restored"]
 # ## Exercise 2 · `ch12_capstone`: the complete `fit`
 #
 # Write `fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device)`: train for
-# `epochs` epochs and validate after each one. You may return anything (the check looks at the
-# model, which you train in place). It is checked in two ways, on every device present:
+# `epochs` epochs, each one pass over `train_loader` with one update of the `optimizer` you are
+# given per batch, and validate after each epoch: one full pass over `val_loader`, in eval mode
+# and without recording a graph, with train mode back before the next epoch's training. You may
+# return anything (the check looks at the model, which you train in place). It is checked in
+# two ways, on every device present:
 #
-# 1. **the loop doctor** finds nothing: `diagnose(fit).ok` (no missing `zero_grad`, validation
-#    in eval mode and without a graph, train mode back for training, no graphs kept, the device
-#    used);
-# 2. **it learns**: given this chapter's spiral (300 training points, the model above, Adam with
-#    learning rate 0.01) and 30 epochs, the trained model reaches at least 85% validation
-#    accuracy. That is well below what a correct loop reaches (compare the production run's
-#    accuracy printed above), so it only fails when something is wrong.
+# 1. **the loop doctor** runs your `fit` on its own small problem and must find nothing in the
+#    training (no missing `zero_grad`, train mode back for training, no graphs kept, the device
+#    used, ...);
+# 2. **on the spiral** (300 training points in 10 batches, the model above, Adam with learning
+#    rate 0.01) with 30 epochs, the check counts the given optimizer's updates (30 × 10 = 300),
+#    the epochs followed by a complete validation pass (30), and the validation forwards made
+#    in train mode or recording a graph (0), telling validation from training by the examples
+#    that go in, so batches you move to the device once and reuse are fine; and the trained
+#    model must reach at least 85% validation accuracy. That is well below what a correct loop
+#    reaches (compare the production run's accuracy printed above), so it only fails when
+#    something is wrong.
 #
-# Use the `optimizer` you are given. Clipping, a scheduler, logging and checkpoints are welcome
-# but not required.
+# Clipping, a per-batch scheduler, logging and checkpoints are welcome but not required; early
+# stopping is not: every epoch runs.
 
 
 # %% nbgrader={"grade_id": "ch12_capstone", "solution": true}

@@ -2,12 +2,23 @@
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from forge_course.grading import Mistake, ch00
 from forge_course.reference import arithmetic, schedule
+from tests.answers import ch00 as answers
+
+SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "ch00_training_arithmetic.py"
+
+
+def defined(source: str, name: str):
+    """What an answer cell defines under ``name``, as the notebook's kernel would see it."""
+    namespace: dict = {}
+    exec(source, namespace)
+    return namespace[name]
 
 
 def loop_counting_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
@@ -205,3 +216,66 @@ def test_observations_are_plain_data():
         for case in exercise.cases(True):
             json.dumps(case)
             json.dumps(exercise.observe(exercise.reference, case))
+
+
+# ---------------------------------------------------------------- the most common slip: N // B
+
+
+@pytest.mark.parametrize(
+    "check,source,name",
+    [
+        (ch00.check_training_arithmetic, answers.ARITHMETIC_FLOOR, "training_arithmetic"),
+        (ch00.check_training_arithmetic, answers.ARITHMETIC_FLOOR_UPDATES, "training_arithmetic"),
+        (ch00.check_update_schedule, answers.SCHEDULE_FLOOR_COUNT, "update_schedule"),
+    ],
+    ids=["micro-batches", "updates", "schedule"],
+)
+def test_rounding_down_gets_a_named_hint_in_every_exercise(check, source, name):
+    with pytest.raises(Mistake) as caught:
+        check(defined(source, name))
+    assert "Likely mistake: `N // B` rounds down" in str(
+        caught.value
+    ) or "Likely mistake: `N // (B·K)` rounds down" in str(caught.value)
+
+
+# ---------------------------------------------------------------- questions
+
+
+def run_question_cell(grade_id: str, **answers) -> None:
+    """Run a question's test cell of the solution, visible and hidden tests, on ``answers``."""
+    text = SOLUTION.read_text()
+    start = text.index(f'# %% nbgrader={{"grade_id": "{grade_id}"')
+    end = text.find("\n# %%", start + 1)
+    exec(compile(text[start:end], grade_id, "exec"), dict(answers))
+
+
+@pytest.mark.parametrize(
+    "number", [np.int64, np.int32, np.uint16, np.float64, np.float32, int, float]
+)
+def test_questions_take_numpy_numbers_like_python_numbers(number):
+    run_question_cell("ch00_q_iterations", q_iterations=number(196))
+    run_question_cell("ch00_q_updates", q_updates=number(790))
+    run_question_cell("ch00_q_scheduler", q_scheduler=np.str_("b"))
+
+
+@pytest.mark.parametrize(
+    "grade_id,answer",
+    [
+        ("ch00_q_iterations", 195),
+        ("ch00_q_iterations", np.int64(195)),
+        ("ch00_q_updates", 780),
+        ("ch00_q_updates", 3120),
+        ("ch00_q_updates", 781),
+        ("ch00_q_updates", 78),
+    ],
+)
+def test_questions_name_rounding_down(grade_id, answer):
+    name = {"ch00_q_iterations": "q_iterations", "ch00_q_updates": "q_updates"}[grade_id]
+    with pytest.raises(Mistake, match="rounds down"):
+        run_question_cell(grade_id, **{name: answer})
+
+
+def test_questions_still_refuse_what_is_not_a_number():
+    for answer in (True, np.bool_(True), "196", np.array([196])):
+        with pytest.raises(Mistake, match="should be a number"):
+            run_question_cell("ch00_q_iterations", q_iterations=answer)

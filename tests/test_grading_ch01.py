@@ -2,8 +2,11 @@
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
+from forge_course.grader import codec
 from forge_course.grading import Mistake, ch01
+from forge_course.grading.core import explain
 from forge_course.reference import autograd_tape as ref
 from tests.answers import ch01 as answers
 
@@ -31,7 +34,9 @@ def test_graph_walk_accepts_correct_answers_in_any_style(answer):
     ch01.check_graph_walk(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch01.GRAPH_WALK_MISTAKES, ids=range(7))
+@pytest.mark.parametrize(
+    "message,wrong", ch01.GRAPH_WALK_MISTAKES, ids=range(len(ch01.GRAPH_WALK_MISTAKES))
+)
 def test_graph_walk_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch01.check_graph_walk(wrong)
@@ -92,7 +97,9 @@ def test_logsumexp_accepts_correct_answers_in_any_style(answer):
     ch01.check_logsumexp(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch01.LOGSUMEXP_MISTAKES, ids=range(6))
+@pytest.mark.parametrize(
+    "message,wrong", ch01.LOGSUMEXP_MISTAKES, ids=range(len(ch01.LOGSUMEXP_MISTAKES))
+)
 def test_logsumexp_names_each_known_mistake(message, wrong):
     # The hidden cases are needed for some (rows far apart, a square batch).
     with pytest.raises(Mistake) as caught:
@@ -123,7 +130,7 @@ def test_logsumexp_square_batch_catches_the_missing_unsqueeze_silently_broadcast
     }
     got = ch01.observe_logsumexp(wrong, case)  # no error: (4, 4) * (4,) broadcasts
     with pytest.raises(Mistake, match="broadcasts it along the wrong axis"):
-        ch01.explain(
+        explain(
             "ch01_logsumexp",
             got,
             ch01.observe_logsumexp(ch01._ReferenceLogSumExp, case),
@@ -154,6 +161,90 @@ def test_logsumexp_explains_the_usual_crashes():
         ch01.check_logsumexp(lambda x, dim: torch.logsumexp(x, dim))
 
 
+class AppliesTorchLogSumExp(torch.autograd.Function):
+    """A Function in name only: its `apply` is torch.logsumexp, so its own methods never run."""
+
+    apply = staticmethod(torch.logsumexp)
+    forward = staticmethod(ch01._forward_stable)
+    backward = staticmethod(ch01._backward_softmax)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        defined(answers.LOGSUMEXP_NOT_A_FUNCTION, "LogSumExp"),
+        AppliesTorchLogSumExp,
+    ],
+    ids=["a class whose apply is torch.logsumexp", "apply overridden"],
+)
+def test_logsumexp_must_be_a_function_of_ones_own(answer):
+    with pytest.raises(Mistake, match="should run a `torch.autograd.Function` of your own"):
+        ch01.check_logsumexp(answer)
+
+
+def _forward_through(route):
+    def forward(ctx, x, dim):
+        ctx.save_for_backward(x, torch.softmax(x, dim))
+        ctx.dim = dim
+        return route(x, dim)
+
+    return ch01._lse_function(forward, ch01._backward_softmax)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        defined(answers.LOGSUMEXP_CALLS_TORCH, "LogSumExp"),
+        defined(answers.LOGSUMEXP_BACKWARD_CALLS_TORCH, "LogSumExp"),
+        _forward_through(lambda x, dim: x.logsumexp(dim)),
+        _forward_through(lambda x, dim: torch.special.logsumexp(x, dim)),
+        _forward_through(lambda x, dim: torch.ops.aten.logsumexp(x, [dim])),
+    ],
+    ids=["forward", "backward", "Tensor.logsumexp", "torch.special", "torch.ops.aten"],
+)
+def test_logsumexp_must_not_call_torch_logsumexp(answer):
+    with pytest.raises(Mistake) as caught:
+        ch01.check_logsumexp(answer)
+    assert "call `torch.logsumexp` in neither `forward` nor `backward`" in str(caught.value)
+
+
+def test_logsumexp_must_not_take_the_watch_away():
+    class Hides(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def forward(ctx, x, dim):
+        Hides().__enter__()  # left on, on top of the check's watch
+        return ch01._forward_stable(ctx, x, dim)
+
+    with pytest.raises(Mistake, match="took away the check's instrument"):
+        ch01.check_logsumexp(ch01._lse_function(forward, ch01._backward_softmax))
+    assert _get_current_function_mode_stack() == []  # the check tidied up after it
+
+
+class ShiftsInPlace(torch.autograd.Function):
+    """Right value and gradient, and the caller's logits shifted by their maximum."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        m = x.amax(dim, keepdim=True)
+        x -= m
+        total = x.exp().sum(dim, keepdim=True)
+        ctx.save_for_backward(x.exp() / total)
+        ctx.dim = dim
+        return (m + total.log()).squeeze(dim)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return ctx.saved_tensors[0] * grad_output.unsqueeze(ctx.dim), None
+
+
+def test_logsumexp_must_leave_the_logits_alone():
+    with pytest.raises(Mistake, match="the logits after the call should be") as caught:
+        ch01.check_logsumexp(ShiftsInPlace)
+    assert "`forward` changes `x` in place" in str(caught.value)
+
+
 def test_logsumexp_thorough_runs_gradcheck_in_float64_only():
     cases = ch01.logsumexp_cases(thorough=True)
     seen = [ch01.observe_logsumexp(ch01._ReferenceLogSumExp, c) for c in cases]
@@ -177,7 +268,11 @@ def test_straight_through_accepts_correct_answers_in_any_style(answer):
     ch01.check_straight_through(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch01.STRAIGHT_THROUGH_MISTAKES, ids=range(6))
+@pytest.mark.parametrize(
+    "message,wrong",
+    ch01.STRAIGHT_THROUGH_MISTAKES,
+    ids=range(len(ch01.STRAIGHT_THROUGH_MISTAKES)),
+)
 def test_straight_through_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch01.check_straight_through(wrong)
@@ -193,6 +288,13 @@ def test_straight_through_wrong_answers_get_their_message(source, phrase):
     with pytest.raises(Mistake) as caught:
         ch01.check_straight_through(defined(source, "round_ste"))
     assert phrase in str(caught.value)
+
+
+def test_straight_through_must_leave_x_alone():
+    # Rounding x itself through .data gives the right value and gradient, and a changed caller.
+    with pytest.raises(Mistake, match="x after the call differs") as caught:
+        ch01.check_straight_through(defined(answers.STE_DATA_IN_PLACE, "round_ste"))
+    assert "rounds the caller's `x` in place (through `.data`)" in str(caught.value)
 
 
 def test_straight_through_must_keep_the_callers_graph():
@@ -242,6 +344,14 @@ def test_observations_are_plain_data():
     ):
         assert all(isinstance(v, plain) for v in obs.values())
         assert all(v.grad_fn is None for v in obs.values() if isinstance(v, torch.Tensor))
+
+
+@pytest.mark.parametrize("exercise", ch01.EXERCISES, ids=lambda e: e.grade_id)
+def test_the_reference_passes_through_the_graders_codec(exercise):
+    # What a grading worker sends back is plain data; judged in the grader's process, it passes.
+    for case in exercise.cases(False) + exercise.cases(True):
+        sent = codec.dumps(exercise.observe(exercise.reference, case))
+        exercise.judge(case, codec.loads(sent))
 
 
 def test_hidden_cases_change_with_the_grading_seed(monkeypatch):

@@ -4,11 +4,14 @@ Answers run as they would in the notebook: after the chapter's settings cell, in
 their own.
 """
 
+import json
 import sys
 import types
 
+import numpy as np
 import pytest
 
+from forge_course.grader import codec
 from forge_course.grader.assignment import INSTALL_TAG
 from forge_course.grading import Mistake, ch02
 from forge_course.release import source_notebook
@@ -180,12 +183,81 @@ def test_worker_init_explains_wrong_answers(cells, source, phrase):
     assert phrase in str(caught.value)
 
 
+# Each worker's own stream must follow the loader's generator: pooling every worker's draws let
+# one worker that kept its copied generators pass, as long as another worker changed.
+SKIPS_WORKER_ZERO = """
+def worker_init_fn(worker_id):
+    if worker_id == 0:
+        return
+    info = get_worker_info()
+    info.dataset.np_rng = np.random.default_rng(info.seed)
+    info.dataset.py_rng = random.Random(info.seed)
+"""
+FIXED_SEED_FOR_WORKER_ZERO = """
+def worker_init_fn(worker_id):
+    info = get_worker_info()
+    seed = 12345 if worker_id == 0 else info.seed
+    info.dataset.np_rng = np.random.default_rng(seed)
+    info.dataset.py_rng = random.Random(seed)
+"""
+
+
+@pytest.mark.parametrize(
+    "source,phrase",
+    [(SKIPS_WORKER_ZERO, "worker 0 keeps the generators it was copied with"),
+     (FIXED_SEED_FOR_WORKER_ZERO, "should be 'none', but it is 'worker 0'")],
+)  # fmt: skip
+def test_worker_init_checks_every_worker_own_stream(cells, source, phrase):
+    with pytest.raises(Mistake) as caught:
+        ch02.check_worker_init(run_answer(cells, source, "worker_init_fn"))
+    assert phrase in str(caught.value)
+
+
 def test_hidden_cases_also_compare_epochs_and_use_three_workers():
     cases = ch02.worker_init_cases(thorough=True)
     assert {c["num_workers"] for c in cases} == {2, 3}
     verdict = ch02.observe_worker_init(ch02.WORKER_INIT.reference, cases[0])
-    assert verdict["NumPy draws in the next epoch"] == "different"
-    assert verdict["Python draws in the next epoch"] == "different"
+    assert verdict["workers whose NumPy draws repeat in the next epoch"] == "none"
+    assert verdict["workers whose Python draws repeat in the next epoch"] == "none"
+
+
+# ---------------------------------------------------------------- questions
+
+
+def test_questions_accept_numbers_computed_with_numpy():
+    nb = source_notebook(CHAPTER)
+    ids = {c.metadata.get("nbgrader", {}).get("grade_id", ""): c.source for c in nb.cells}
+    tests = [source for grade_id, source in ids.items() if grade_id.startswith("ch02_q_")]
+    assert len(tests) == 3
+    for unseen, batches in [(np.int64(4), np.float32(4.0)), (np.float32(4.0), np.int32(4))]:
+        scope = {"unseen_examples": unseen, "worker0_batches": batches, "workers_answer": "b"}
+        for source in tests:  # hidden tests included: they are comments to nbgrader's marks
+            exec(compile(source, "<question test>", "exec"), dict(scope))
+    with pytest.raises(Mistake, match="96 examples are seen"):
+        ch02.check_number(np.int64(96), "ch02_q_unseen", 4, hints={96: "96 examples are seen"})
+    with pytest.raises(Mistake, match="should be a number"):
+        ch02.check_number(np.array([4]), "ch02_q_unseen")
+
+
+def test_observations_cross_the_process_boundary_and_errors_get_their_hint_outside(cells):
+    """What the isolated grader does: case and observation as JSON, the verdict outside."""
+    _, solutions = cells
+    runs = [
+        (ch02.CSV_DATASET, solutions["ch02_csv_dataset"], None),
+        (ch02.CSV_DATASET, answers.CSV_HEADER_AS_REVIEW, "the header `text,label`"),
+        (ch02.WORKER_INIT, solutions["ch02_worker_init"], None),
+        (ch02.WORKER_INIT, answers.INIT_NUMPY_SEED_TOO_BIG, "takes seeds below 2**32"),
+    ]
+    for exercise, source, phrase in runs:
+        fn = run_answer(cells, source, exercise.function)
+        case = exercise.cases(False)[0]
+        observed = codec.loads(codec.dumps(exercise.observe(fn, json.loads(json.dumps(case)))))
+        if phrase is None:
+            exercise.judge(case, observed)
+            continue
+        with pytest.raises(Mistake) as caught:
+            exercise.judge(case, observed)
+        assert phrase in str(caught.value)
 
 
 def test_hidden_cases_change_with_the_grading_seed(monkeypatch):

@@ -11,8 +11,13 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DistributedSampler
 
 from forge_course.grader import codec
+from forge_course.grader.assignment import INSTALL_TAG
 from forge_course.grading import Mistake, ch03
 from forge_course.reference import sampling
+from forge_course.release import source_notebook
+from tests.conftest import REPO
+
+CHAPTER = REPO / "solutions" / "ch03_samplers_collation.py"
 
 # --- ch03_inverse_frequency ---------------------------------------------------------------------
 
@@ -145,6 +150,18 @@ def test_a_reseeding_answer_leaves_the_global_generator_as_it_was():
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_an_answer_that_lifts_the_bar_on_the_sampler_is_not_graded():
+    def unbarred(dataset_size, rank, world_size, shuffle=True, seed=0, epoch=0, drop_last=False):
+        DistributedSampler.__iter__ = ch03._SAMPLER_ITER  # the original, found somewhere
+        return ch03.distributed_sampler_indices(
+            dataset_size, rank, world_size, shuffle, seed, epoch, drop_last
+        )
+
+    with pytest.raises(Mistake, match="tampered with the check's instruments"):
+        ch03.check_shard_indices(unbarred)
+    assert DistributedSampler.__iter__ is ch03._SAMPLER_ITER
+
+
 def test_shard_indices_results_may_be_tuples_arrays_or_tensors():
     for convert in (tuple, np.array, torch.tensor):
         ch03.check_shard_indices(lambda *a, c=convert: c(sampling.shard_indices.__wrapped__(*a)))
@@ -204,6 +221,17 @@ def test_pad_collate_names_each_known_mistake(message, wrong):
     assert message in str(caught.value)
 
 
+def int32_labels_collate(batch, pad_value=0):
+    return {**loop_collate(batch, pad_value), "labels": torch.tensor([y for _, y in batch]).int()}
+
+
+def test_pad_collate_labels_are_int64_as_the_exercise_says():
+    # The text once asked only for "a tensor of shape [B]", and the check wanted int64.
+    with pytest.raises(Mistake, match=r"labels should be int64 \(torch.long\)"):
+        ch03.check_pad_collate(int32_labels_collate)
+    assert '`"labels"`: `[B]`, `torch.long` (int64)' in CHAPTER.read_text()
+
+
 def test_pad_collate_returning_a_tuple_is_told_to_return_a_dict():
     def as_tuple(batch, pad_value=0):
         out = sampling.pad_collate.__wrapped__(batch, pad_value)
@@ -225,6 +253,15 @@ def test_pad_collate_that_crashes_on_empty_sequences_names_the_case():
 
 
 # --- every exercise -----------------------------------------------------------------------------
+
+
+def test_the_settings_cell_imports_no_reference_and_no_check():
+    """The grading worker runs it before every answer: it holds what answers need, no more."""
+    code = [c for c in source_notebook(CHAPTER).cells if c.cell_type == "code"]
+    plain = [c for c in code if "nbgrader" not in c.metadata]
+    settings = next(c.source for c in plain if INSTALL_TAG not in c.metadata.get("tags", []))
+    assert "SEED = " in settings
+    assert "forge_course.reference" not in settings and "forge_course.grading" not in settings
 
 
 def test_calling_the_reference_does_not_score():

@@ -219,3 +219,27 @@ def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
         monkeypatch.setenv("FORGE_GRADING_SEED", "2")
         assert cases(thorough=True) != first
         assert cases(thorough=False) == cases(thorough=False)
+
+
+def test_the_learner_half_imports_nothing_that_holds_an_answer():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, forge_course.observe.ch05\n"
+        "bad = [m for m in sys.modules if m.startswith(('forge_course.reference', "
+        "'forge_course.grading', 'forge_course.sims', 'forge_course.doctor'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_recorder_that_calls_the_reference_only_when_the_forward_pass_fails_does_not_score():
+    def falls_back_on_the_reference(model, x, layer_names):
+        try:
+            return recorder_with_exit_stack(model, x, layer_names)
+        except RuntimeError:
+            return ref.record_activations(model, x, layer_names)
+
+    with pytest.raises(Mistake, match="calls forge_course's reference"):
+        ch05.check_activation_recorder(falls_back_on_the_reference)

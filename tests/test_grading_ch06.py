@@ -62,7 +62,7 @@ def test_evaluate_names_each_known_mistake(message, wrong):
 
 def test_evaluate_hidden_cases_catch_an_answer_that_ignores_loss_fn():
     ch06.check_evaluate(evaluate_ignoring_loss_fn)  # the visible cases use plain cross-entropy
-    with pytest.raises(Mistake, match="the mean loss should be .*label smoothing"):
+    with pytest.raises(Mistake, match="mean loss should be .*(label smoothing|MultiMarginLoss)"):
         ch06.check_evaluate(evaluate_ignoring_loss_fn, thorough=True)
 
 
@@ -124,7 +124,7 @@ def test_observations_are_plain_data():
             return all(isinstance(k, str) and plain(v) for k, v in value.items())
         if isinstance(value, list):
             return all(plain(v) for v in value)
-        return value is None or isinstance(value, (bool, int, float, str, torch.Tensor))
+        return value is None or type(value) in (bool, int, float, str, torch.Tensor)
 
     for exercise in ch06.EXERCISES:
         for case in exercise.cases(False):
@@ -154,3 +154,198 @@ def test_visible_cases_start_from_train_mode_eval_mode_and_a_frozen_batch_norm()
         assert {case["start"] for case in cases} == {"train", "eval", "frozen_bn"}
     # At least one visible evaluate case has a short last batch, so weighting matters.
     assert any(case["n"] % case["batch"] for case in ch06.evaluate_cases())
+
+
+# ---------------------------------------------------------------- holes: the check judges outcomes
+
+
+def _evaluate_loop(model, loader, loss_fn, device, run=None):
+    """The loop of a correct answer, without the mode and autograd bookkeeping around it."""
+    total, correct, count = 0.0, 0, 0
+    for inputs, targets in loader:
+        inputs, targets = inputs.to(device), targets.to(device)
+        outputs = (run or model)(inputs)
+        total += loss_fn(outputs, targets).item() * len(targets)
+        correct += (outputs.argmax(dim=-1) == targets).sum().item()
+        count += len(targets)
+    return total / count, correct / count
+
+
+def evaluate_clearing_the_hooks(model, loader, loss_fn, device):
+    """Records a graph in every forward, after clearing every hook a check might have put there."""
+    for module in model.modules():
+        module._forward_pre_hooks.clear()
+        module._forward_hooks.clear()
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    result = _evaluate_loop(model, loader, loss_fn, device)
+    for m, training in modes.items():
+        m.training = training
+    return result
+
+
+def evaluate_calling_forward_directly(model, loader, loss_fn, device):
+    """Records a graph in every forward, calling each layer's forward so that no hook runs."""
+
+    def run(x):
+        for layer in model:
+            x = layer.forward(x)
+        return x
+
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    result = _evaluate_loop(model, loader, loss_fn, device, run=run)
+    for m, training in modes.items():
+        m.training = training
+    return result
+
+
+def evaluate_shadowing_named_modules(model, loader, loss_fn, device):
+    """Leaves the model in eval mode, and makes it report copies that hold the old modes."""
+    import copy
+
+    reported = [(name, copy.copy(module)) for name, module in model.named_modules()]
+    model.eval()
+    with torch.no_grad():
+        result = _evaluate_loop(model, loader, loss_fn, device)
+    model.named_modules = lambda *args, **kwargs: iter(reported)
+    return result
+
+
+def evaluate_unhooking_its_layer_class(model, loader, loss_fn, device):
+    """Records a graph, after putting torch's own forward back on the check's layer class."""
+    type(model[0]).forward = torch.nn.Linear.forward
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    result = _evaluate_loop(model, loader, loss_fn, device)
+    for m, training in modes.items():
+        m.training = training
+    return result
+
+
+@pytest.mark.parametrize(
+    "answer,message",
+    [
+        (evaluate_clearing_the_hooks, "does not switch recording off"),
+        (evaluate_calling_forward_directly, "does not switch recording off"),
+        (evaluate_shadowing_named_modules, "tampered with the check's instruments: .*named_mod"),
+        (evaluate_unhooking_its_layer_class, "tampered with the check's instruments: .*forward"),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_evaluate_cannot_hide_from_the_check(answer, message):
+    with pytest.raises(Mistake, match=message):
+        ch06.check_evaluate(answer)
+
+
+def test_evaluate_that_leaves_grad_mode_off_gets_feedback_not_a_crash():
+    def leaves_grad_off(model, loader, loss_fn, device):
+        modes = {m: m.training for m in model.modules()}
+        model.eval()
+        torch.set_grad_enabled(False)
+        result = _evaluate_loop(model, loader, loss_fn, device)
+        for m, training in modes.items():
+            m.training = training
+        return result
+
+    assert torch.is_grad_enabled()
+    with pytest.raises(Mistake, match="(?s)autograd afterwards should be 'recording'.*grad_enab"):
+        ch06.check_evaluate(leaves_grad_off, thorough=True)
+    assert torch.is_grad_enabled()  # the check put it back for the learner's next cell
+
+
+def evaluate_on_a_copy(model, loader, loss_fn, device):
+    """Evaluates a deep copy in eval mode: the caller's model is never switched at all."""
+    import copy
+
+    twin = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        return _evaluate_loop(twin, loader, loss_fn, device)
+
+
+def evaluate_summing_with_a_copy_of_the_loss(model, loader, loss_fn, device):
+    """`reduction="sum"` on a copy of the loss, divided by the number of examples."""
+    import copy
+
+    summing = copy.copy(loss_fn)
+    summing.reduction = "sum"
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    total, correct, count = 0.0, 0, 0
+    with torch.inference_mode():
+        for inputs, targets in loader:
+            inputs, targets = inputs.to(device), targets.to(device)
+            outputs = model(inputs)
+            total += summing(outputs, targets).item()
+            correct += int((outputs.argmax(-1) == targets).sum())
+            count += targets.numel()
+    for m, training in modes:
+        m.training = training
+    return total / count, correct / count
+
+
+def evaluate_in_one_forward(model, loader, loss_fn, device):
+    """One forward over every example at once (eval mode makes batches independent)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    batches = [(x.to(device), y.to(device)) for x, y in loader]
+    inputs, targets = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+    with torch.no_grad():
+        outputs = model(inputs)
+        result = _evaluate_loop(model, [(inputs, targets)], loss_fn, device)
+    for m, training in modes:
+        m.training = training
+    assert outputs.shape[0] == targets.shape[0]
+    return result
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [evaluate_on_a_copy, evaluate_summing_with_a_copy_of_the_loss, evaluate_in_one_forward],
+)
+def test_evaluate_accepts_other_correct_answers(answer):
+    ch06.check_evaluate(answer, thorough=True)
+
+
+def test_evaluate_must_use_loss_fn_whatever_loss_it_is():
+    def assumes_cross_entropy(model, loader, loss_fn, device):
+        smoothing = getattr(loss_fn, "label_smoothing", 0.0)
+        cross_entropy = lambda out, y: torch.nn.functional.cross_entropy(
+            out, y, label_smoothing=smoothing
+        )
+        return evaluation.evaluate.__wrapped__(model, loader, cross_entropy, device)
+
+    ch06.check_evaluate(assumes_cross_entropy)
+    with pytest.raises(Mistake, match="the mean loss should be .*MultiMarginLoss"):
+        ch06.check_evaluate(assumes_cross_entropy, thorough=True)
+
+
+def test_predict_must_return_the_classes_on_the_models_device():
+    def classes_on_the_cpu(model, x):
+        return evaluation.predict.__wrapped__(model, x).cpu()
+
+    with pytest.raises(Mistake, match="read values off the model's device.*without `.cpu\\(\\)`"):
+        ch06.check_predict(classes_on_the_cpu)
+
+
+def test_predict_cannot_hide_from_the_check():
+    def swaps_the_layer_class(model, x):
+        model[0].__class__ = torch.nn.Linear
+        with torch.no_grad():
+            return model.eval()(x).argmax(dim=-1)
+
+    with pytest.raises(Mistake, match="tampered.*model\\[0\\] was given another class"):
+        ch06.check_predict(swaps_the_layer_class)
+
+
+def test_observers_import_nothing_that_holds_an_answer():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, forge_course.observe.ch06 as o\n"
+        "bad = [m for m in sys.modules if m.startswith(('forge_course.reference', "
+        "'forge_course.grading', 'forge_course.sims', 'forge_course.doctor'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -6,8 +6,34 @@ import numpy as np
 import pytest
 import torch
 
+from forge_course.grader import codec
 from forge_course.grading import Mistake, ch07
 from forge_course.reference import detectors
+from tests.answers import ch07 as answers
+from tests.conftest import REPO
+from tests.test_grading_ch08 import (
+    NEVER_IN_A_WORKER,
+    forbidden_imports,
+    modules_loaded_by,
+    settings_source,
+)
+
+
+def answers_leak(name):
+    """The ``graph_leaks`` an answer of `tests.answers.ch07` defines."""
+    namespace = {}
+    exec(compile(getattr(answers, name), f"<{name}>", "exec"), namespace)
+    return namespace["graph_leaks"]
+
+
+def test_the_settings_cell_imports_only_what_a_grading_worker_holds():
+    assert forbidden_imports(settings_source(REPO / "solutions" / "ch07_bug_museum.py")) == []
+
+
+def test_the_observer_imports_nothing_a_grading_worker_does_not_hold():
+    loaded = modules_loaded_by("forge_course.observe.ch07")
+    assert [m for m in loaded if m.startswith(NEVER_IN_A_WORKER)] == []
+
 
 # ---------------------------------------------------------------- ch07_grad_norm
 
@@ -41,6 +67,13 @@ GRAD_NORMS = [loop_grad_norm, flat_grad_norm, clip_grad_norm, numpy_grad_norm]
 @pytest.mark.parametrize("answer", [*GRAD_NORMS, detectors.grad_norm.__wrapped__])
 def test_grad_norm_accepts_correct_answers_in_any_style(answer):
     ch07.check_grad_norm(answer, thorough=True)
+
+
+@pytest.mark.parametrize("message,wrong", ch07.GRAD_NORM_MISTAKES, ids=range(7))
+def test_grad_norm_visible_cases_already_catch_each_known_mistake(message, wrong):
+    with pytest.raises(Mistake) as caught:
+        ch07.check_grad_norm(wrong)
+    assert message in str(caught.value)
 
 
 @pytest.mark.parametrize("message,wrong", ch07.GRAD_NORM_MISTAKES, ids=range(7))
@@ -112,11 +145,123 @@ def test_leak_check_accepts_correct_answers_in_any_style(answer):
     ch07.check_leak_check(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch07.LEAK_MISTAKES, ids=range(5))
-def test_leak_check_names_each_known_mistake(message, wrong):
+@pytest.mark.parametrize("thorough", [False, True], ids=["visible", "hidden"])
+@pytest.mark.parametrize("message,wrong", ch07.LEAK_MISTAKES, ids=range(len(ch07.LEAK_MISTAKES)))
+def test_leak_check_names_each_known_mistake(message, wrong, thorough):
     with pytest.raises(Mistake) as caught:
-        ch07.check_leak_check(wrong, thorough=True)
+        ch07.check_leak_check(wrong, thorough=thorough)
     assert message in str(caught.value)
+
+
+def _leaks(obj, count, open_dict=dict.values, opened=(list, tuple)):
+    """A graph_leaks that counts tensors with ``count(tensor) -> int``, opening what it is told."""
+    if isinstance(obj, torch.Tensor):
+        return count(obj)
+    if isinstance(obj, dict):
+        return sum(_leaks(v, count, open_dict, opened) for v in open_dict(obj))
+    if isinstance(obj, opened):
+        return sum(_leaks(v, count, open_dict, opened) for v in obj)
+    return 0
+
+
+def _once_by(key):
+    def graph_leaks(obj):
+        seen = set()
+
+        def count(tensor):
+            if tensor.grad_fn is None or key(tensor) in seen:
+                return 0
+            seen.add(key(tensor))
+            return 1
+
+        return _leaks(obj, count)
+
+    return graph_leaks
+
+
+def _in_a_list(obj):
+    kept = []
+
+    def count(tensor):
+        if tensor.grad_fn is None or any(tensor is seen for seen in kept):
+            return 0
+        kept.append(tensor)
+        return 1
+
+    return _leaks(obj, count)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [_once_by(id), _once_by(lambda t: t), _once_by(lambda t: t.data_ptr()),
+     _once_by(lambda t: t.grad_fn), _in_a_list, answers_leak("LEAK_ONCE_EACH")],
+    ids=["id", "set of tensors", "storage", "grad_fn", "is", "round-trip answer"],
+)  # fmt: skip
+def test_leak_check_counts_a_tensor_stored_twice_twice(answer):
+    with pytest.raises(Mistake, match="a tensor stored twice counts twice"):
+        ch07.check_leak_check(answer)
+
+
+def _keys_and_values(obj):
+    if isinstance(obj, torch.Tensor):
+        return int(obj.grad_fn is not None)
+    if isinstance(obj, dict):
+        return sum(_keys_and_values(k) + _keys_and_values(v) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return sum(_keys_and_values(item) for item in obj)
+    return 0
+
+
+def test_leak_check_searches_dict_values_not_keys():
+    with pytest.raises(Mistake, match="keys were searched as well as its values"):
+        ch07.check_leak_check(_keys_and_values)
+
+
+def _every_iterable_but_strings(obj):
+    if isinstance(obj, torch.Tensor):
+        return int(obj.grad_fn is not None)
+    if isinstance(obj, dict):
+        obj = obj.values()
+    if isinstance(obj, (str, bytes)) or not hasattr(obj, "__iter__"):
+        return 0
+    return sum(_every_iterable_but_strings(item) for item in obj)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [lambda obj: _leaks(obj, lambda t: int(t.grad_fn is not None),
+                        opened=(list, tuple, set, frozenset)),
+     _every_iterable_but_strings],
+    ids=["sets too", "every iterable but strings"],
+)  # fmt: skip
+def test_leak_check_opens_only_lists_tuples_and_dicts(answer):
+    with pytest.raises(Mistake, match="a set was searched"):
+        ch07.check_leak_check(answer)
+
+
+def test_visible_cases_cover_every_case_the_exercise_text_names():
+    """An answer that fails a hidden case for a reason the exercise text states fails the
+    visible tests too: every kind of model and object is in them."""
+    assert {c["model"] for c in ch07.grad_norm_cases()} == set(ch07.GRAD_MODELS)
+    assert {c["dtype"] for c in ch07.grad_norm_cases()} == {"float32", "float64"}
+    assert [c["name"] for c in ch07.leak_cases()[: len(ch07.LEAK_CASES)]] == list(ch07.LEAK_CASES)
+
+    def stacks(model):  # fails before any backward: torch.stack([])
+        return torch.stack([p.grad.norm() for p in model.parameters()
+                            if p.grad is not None]).norm().item()  # fmt: skip
+
+    with pytest.raises(Mistake, match="the norm is then 0.0"):
+        ch07.check_grad_norm(stacks)
+
+    def requires_grad_filter(model):
+        trained = [p for p in model.parameters() if p.requires_grad]
+        return math.sqrt(sum(p.grad.pow(2).sum().item() for p in trained))
+
+    with pytest.raises(Mistake, match="not `p.requires_grad`"):
+        ch07.check_grad_norm(requires_grad_filter)
+
+    with pytest.raises(Mistake, match=r"merely \*require\* grad"):
+        ch07.check_leak_check(lambda obj: _leaks(obj, lambda t: int(t.requires_grad)))
 
 
 def test_leak_check_explains_endless_recursion_into_strings():
@@ -139,6 +284,25 @@ def test_calling_the_reference_does_not_score():
         ch07.check_grad_norm(lambda model: detectors.grad_norm(model))
     with pytest.raises(Mistake, match="calls forge_course's reference"):
         ch07.check_leak_check(detectors.graph_leaks)
+
+
+def _through_the_codec(exercise, answer, thorough):
+    """Judge ``answer`` as `forge-course grade` does: observed, sent as plain JSON, judged."""
+    for case in exercise.cases(thorough):
+        exercise.judge(case, codec.loads(codec.dumps(exercise.observe(answer, case))))
+
+
+def test_observations_survive_the_trip_to_an_isolated_grader():
+    assert [(e.grade_id, e.function) for e in ch07.EXERCISES] == [
+        ("ch07_grad_norm", "grad_norm"), ("ch07_leak_check", "graph_leaks")
+    ]  # fmt: skip
+    for thorough in (False, True):
+        _through_the_codec(ch07.GRAD_NORM, numpy_grad_norm, thorough)
+        _through_the_codec(ch07.LEAK_CHECK, stack_graph_leaks, thorough)
+    with pytest.raises(Mistake, match="sum of the per-parameter norms"):
+        _through_the_codec(ch07.GRAD_NORM, ch07.GRAD_NORM_MISTAKES[0][1], False)
+    with pytest.raises(Mistake, match="a tensor stored twice counts twice"):
+        _through_the_codec(ch07.LEAK_CHECK, answers_leak("LEAK_ONCE_EACH"), False)
 
 
 def test_hidden_cases_change_with_the_grading_seed(monkeypatch):

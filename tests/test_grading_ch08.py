@@ -1,26 +1,112 @@
 """Chapter 08's checks: correct answers in any style pass; each typical mistake is named."""
 
+import ast
+import contextlib
+import functools
+import io
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch import nn
 
 from forge_course.grader import codec
+from forge_course.grader.assignment import INSTALL_TAG
 from forge_course.grading import Mistake, ch08
 from forge_course.reference import training
-from forge_course.reference.training import make_model, spiral_data, steps_per_epoch
+from forge_course.release import source_notebook
 from tests.answers import ch08 as answers
+from tests.conftest import REPO
+
+CHAPTER = REPO / "solutions" / "ch08_training_arena.py"
+#: What a settings cell may import: the grading worker holds nothing else of forge_course.
+SETTINGS_MAY_IMPORT = ("forge_course.device", "forge_course.data", "forge_course.sims.display")
+#: What the learner half of a check may never import.
+NEVER_IN_A_WORKER = tuple(
+    f"forge_course.{name}" for name in ("reference", "grading", "sims", "doctor")
+)
+
+
+def settings_source(chapter) -> str:
+    """The chapter's settings cell: the first plain code cell, past a Colab install cell."""
+    cells = [c for c in source_notebook(chapter).cells if c.cell_type == "code"]
+    return next(c.source for c in cells if "nbgrader" not in c.metadata
+                and INSTALL_TAG not in c.metadata.get("tags", []))  # fmt: skip
+
+
+def forbidden_imports(source: str) -> list[str]:
+    """The forge_course modules ``source`` imports that a grading worker does not hold."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] if node.module != "forge_course" else [
+                f"forge_course.{a.name}" for a in node.names if a.name not in
+                ("pick_device", "available_devices", "tolerance")
+            ]  # fmt: skip
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found += [
+            name for name in names
+            if name.split(".")[0] == "forge_course"
+            and not any(name == ok or name.startswith(ok + ".") for ok in SETTINGS_MAY_IMPORT)
+        ]  # fmt: skip
+    return found
+
+
+@functools.cache
+def _settings() -> dict:
+    """The names the settings cell defines, as the grader's worker runs it before an answer."""
+    namespace = {"__name__": "__main__"}
+    threads = torch.get_num_threads()
+    with contextlib.redirect_stdout(io.StringIO()), torch.random.fork_rng():
+        exec(compile(settings_source(CHAPTER), "<settings>", "exec"), namespace)
+    torch.set_num_threads(threads)
+    return namespace
 
 
 def _define(source: str, name: str):
     """The function ``name`` defined by an answer cell, run after the notebook's first cell."""
-    namespace = {
-        "torch": torch, "nn": nn, "make_model": make_model, "spiral_data": spiral_data,
-        "steps_per_epoch": steps_per_epoch,
-    }  # fmt: skip
+    namespace = dict(_settings())
     exec(compile(source, "<answer>", "exec"), namespace)
     return namespace[name]
+
+
+def test_the_settings_cell_imports_only_what_a_grading_worker_holds():
+    assert forbidden_imports(settings_source(CHAPTER)) == []
+
+
+def test_the_settings_cells_pieces_are_the_references():
+    """spiral_data, make_model and steps_per_epoch are defined in the settings cell (the grader
+    runs answers after it alone); they must build exactly what the reference's fit builds."""
+    ours = _settings()
+    for mine, theirs in zip(ours["spiral_data"](), training.spiral_data()):
+        assert torch.equal(mine, theirs)
+    for config in ({**training.DEFAULT_CONFIG, "dropout": 0.2}, {"seed": 7, "dropout": 0.0}):
+        with torch.random.fork_rng():
+            mine, after_mine = ours["make_model"](config), torch.rand(3)  # dropout's next draws
+            theirs, after_theirs = training.make_model(config), torch.rand(3)
+        assert repr(mine) == repr(theirs) and torch.equal(after_mine, after_theirs)
+        for a, b in zip(mine.state_dict().values(), theirs.state_dict().values(), strict=True):
+            assert torch.equal(a, b)
+    for n, size in [(300, 32), (300, 300), (300, 7), (1, 5)]:
+        assert ours["steps_per_epoch"](n, size) == training.steps_per_epoch(n, size)
+
+
+def modules_loaded_by(module: str) -> list[str]:
+    """The forge_course modules that importing ``module`` loads, in a fresh interpreter."""
+    code = (f"import sys, {module}; "
+            "print(*sorted(m for m in sys.modules if m.startswith('forge_course')))")  # fmt: skip
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=REPO).stdout.split()  # fmt: skip
+
+
+def test_the_observer_imports_nothing_a_grading_worker_does_not_hold():
+    loaded = modules_loaded_by("forge_course.observe.ch08")
+    assert [m for m in loaded if m.startswith(NEVER_IN_A_WORKER)] == []
 
 
 @pytest.mark.parametrize(
@@ -63,10 +149,75 @@ def test_the_visible_cases_already_catch_the_common_mistakes(flaw):
         (answers.FIT_ADAMW_DEFAULT, "its default of 0.01"),
     ],
 )
-def test_the_round_trips_wrong_answers_are_named(source, phrase):
+@pytest.mark.parametrize("thorough", [False, True], ids=["visible", "hidden"])
+def test_the_round_trips_wrong_answers_are_named(source, phrase, thorough):
     with pytest.raises(Mistake, match="Likely mistake") as caught:
-        ch08.check_fit(_define(source, "fit"))
+        ch08.check_fit(_define(source, "fit"), thorough)
     assert phrase in str(caught.value)
+
+
+def _named(message: str) -> list[str]:
+    return [flaw for flaw, text in ch08.FIT_MISTAKES.items() if text in message]
+
+
+@pytest.mark.parametrize(
+    "flaws,where",
+    [
+        (("epoch_schedules_per_batch", "unweighted_loss"), "the learning rates differ"),
+        (("epoch_schedules_per_batch", "no_eval"), "the learning rates differ"),
+        (("unweighted_loss", "no_zero_grad"), "epoch 1's training loss already differs"),
+        (("no_eval", "unweighted_loss"), "between epochs"),
+        (("train_mode_once", "same_order"), "between epochs"),
+    ],
+)
+def test_a_mistake_is_named_only_when_it_reproduces_the_whole_history(flaws, where):
+    """Two slips share some numbers with each one alone, never all: neither is named as *the*
+    likely mistake; the message says which numbers differ, from where, and where to look."""
+    with pytest.raises(Mistake) as caught:
+        ch08.check_fit(ch08.flawed_fit(*flaws))
+    message = str(caught.value)
+    assert "Likely mistake" not in message and _named(message) == []
+    assert "What differs from the reference's run:" in message and where in message
+
+
+@pytest.mark.parametrize(
+    "old,new,where",
+    [
+        ("optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=wd)",
+         "optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)",
+         "settings (momentum, weight decay)"),
+        ("optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=wd)",
+         "optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=wd * lr)",
+         "settings (momentum, weight decay)"),
+        ('history["train_loss"].append(total / n)',
+         'history["train_loss"].append(total / (batches * size))',
+         "points at how the epoch's loss is added up"),
+        ('total_steps=config["epochs"] * steps_per_epoch(n, size)',
+         'total_steps=config["epochs"] * steps_per_epoch(n, size) + 1',
+         "the learning rates differ"),
+        ("(model(X_val).argmax(dim=1) == y_val)", "(model(X_train).argmax(dim=1) == y_train)",
+         "only the validation differs"),
+    ],
+    ids=["adamw without decay", "adamw decay times lr", "loss over full batches",
+         "onecycle one step long", "accuracy on the training set"],
+)  # fmt: skip
+def test_a_near_miss_of_a_known_mistake_is_not_named_but_described(old, new, where):
+    """AdamW without decay is not AdamW with its default decay: no known mistake is named, and
+    the message points at what the numbers show."""
+    assert old in answers._FIT
+    with pytest.raises(Mistake) as caught:
+        ch08.check_fit(_define(answers._FIT.replace(old, new), "fit"))
+    message = str(caught.value)
+    assert "Likely mistake" not in message and _named(message) == []
+    assert where in message
+
+
+def test_what_differs_says_from_which_step_and_epoch():
+    with pytest.raises(Mistake) as caught:
+        ch08.check_fit(ch08.flawed_fit("epoch_schedules_per_batch", "no_eval"))
+    message = str(caught.value)
+    assert "lr: the same before step 2 (epoch 1, batch 2); at step 2 (epoch 1, batch 2)" in message
+    assert "train_loss: at epoch 1 it should be" in message
 
 
 def _returning(history_of):
@@ -132,6 +283,10 @@ def test_observations_survive_the_trip_to_an_isolated_grader():
         for case in exercise.cases(False) + exercise.cases(True):
             sent = codec.loads(codec.dumps(exercise.observe(answer, case)))
             exercise.judge(case, sent)
+    with pytest.raises(Mistake, match="its default of 0.01"):
+        for case in ch08.FIT.cases(False):
+            observed = ch08.FIT.observe(_define(answers.FIT_ADAMW_DEFAULT, "fit"), case)
+            ch08.FIT.judge(case, codec.loads(codec.dumps(observed)))
     assert [e.grade_id for e in ch08.EXERCISES] == ["ch08_fit", "ch08_arena_config"]
     assert [e.function for e in ch08.EXERCISES] == ["fit", "make_arena_config"]
 

@@ -1,10 +1,15 @@
 """Chapter 09's checks: correct answers in any style pass; each typical mistake is named."""
 
+import io
 import math
 import os
 import pickle
+import pickletools
 import random
+import shutil
+import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +17,7 @@ import pytest
 import torch
 
 from forge_course.grading import Mistake, ch09
+from forge_course.observe import ch09 as observe_ch09
 from forge_course.reference import checkpoint as ref_checkpoint
 
 SPEC_SAVE = ch09.spec_save_checkpoint.__wrapped__
@@ -68,7 +74,7 @@ def test_checkpoint_accepts_correct_loads(load):
     ch09.CHECKPOINT_LOAD.check(load, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch09.SAVE_MISTAKES, ids=range(7))
+@pytest.mark.parametrize("message,wrong", ch09.SAVE_MISTAKES, ids=range(8))
 def test_checkpoint_names_each_wrong_save(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch09.CHECKPOINT_SAVE.check(wrong)
@@ -120,24 +126,133 @@ def test_checks_leave_the_global_generators_alone():
 
 def test_the_hostile_file_really_runs_code_without_weights_only():
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "x.pt"
-        torch.save({"note": ch09._Payload()}, path)
-        ch09.HIDDEN_CODE_RAN.clear()
-        torch.load(path, weights_only=False)
-        assert ch09.HIDDEN_CODE_RAN == ["ran"]
+        target, path = Path(tmp) / "target", Path(tmp) / "x.pt"
+        target.touch(mode=0o600)
+        torch.save({"note": observe_ch09._Payload(str(target))}, path)
         with pytest.raises(pickle.UnpicklingError):
             torch.load(path, weights_only=True)
+        assert target.stat().st_mode & 0o777 == 0o600
+        torch.load(path, weights_only=False)
+        assert target.stat().st_mode & 0o777 == 0o640
 
 
-def test_observations_are_plain_data():
+def _strings_in_the_pickle(path):
+    with zipfile.ZipFile(path) as archive:
+        data = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    return [arg for _, arg, _ in pickletools.genops(io.BytesIO(data)) if isinstance(arg, str)]
+
+
+def scrubbing_load(path, model, optimizer, scheduler):
+    """Unsafe, then wipes every trace it can find and raises as a safe loader would.
+
+    Before loading it notes the mode of every file the pickle names; afterwards it empties the
+    lists of strings kept beside every Python function the pickle names (where the evidence
+    used to be kept, reached through the function's ``__globals__``) and puts the modes back.
+    """
+    names = _strings_in_the_pickle(path)
+    modes = {text: os.stat(text).st_mode & 0o777 for text in names if os.path.isfile(text)}
+    checkpoint = torch.load(path, weights_only=False)
+    if "note" not in checkpoint:
+        return ch09._load_unsafe(path, model, optimizer, scheduler)
+    for text in names:
+        module, _, name = text.partition(" ")
+        planted = getattr(sys.modules.get(module), name, None)
+        for value in getattr(planted, "__globals__", {}).values():
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                value.clear()
+    for file, mode in modes.items():
+        os.chmod(file, mode)
+    raise pickle.UnpicklingError("Weights only load failed: Unsupported global")
+
+
+def test_hidden_code_that_ran_is_seen_whatever_the_load_wipes_afterwards():
+    with pytest.raises(Mistake, match="unpickling runs code"):
+        ch09.CHECKPOINT_LOAD.check(scrubbing_load, thorough=True)
+
+
+def save_with_tmp_in_the_system_folder(path, model, optimizer, scheduler, step):
+    """Atomic-looking, but the temporary file is in /tmp: across file systems the final move
+    is a copy."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+               "scheduler": scheduler.state_dict(), "step": step,
+               "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                       "numpy": [kind, keys.tolist(), pos, has_gauss, cached]}}  # fmt: skip
+    with tempfile.NamedTemporaryFile(delete=False) as file:
+        try:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        except BaseException:
+            file.close()
+            os.unlink(file.name)
+            raise
+    os.replace(file.name, path)
+
+
+def test_a_temporary_file_outside_the_folder_is_named():
+    with pytest.raises(Mistake, match="written outside the checkpoint's folder"):
+        ch09.CHECKPOINT_SAVE.check(save_with_tmp_in_the_system_folder, thorough=True)
+
+
+def save_keeping_a_backup(path, model, optimizer, scheduler, step):
+    """Correct, as the course's reference does it: the previous checkpoint is kept as .prev."""
+    path = Path(path)
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+               "scheduler": scheduler.state_dict(), "step": step,
+               "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                       "numpy": [kind, keys.tolist(), pos, has_gauss, cached]}}  # fmt: skip
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        if path.exists():
+            shutil.copy2(path, path.with_name(path.name + ".prev"))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def save_from_memory(path, model, optimizer, scheduler, step):
+    """Correct: serialised into memory first, then written to a temporary file beside `path`."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+               "scheduler": scheduler.state_dict(), "step": step,
+               "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                       "numpy": [kind, keys.tolist(), pos, has_gauss, cached]}}  # fmt: skip
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(buffer.getvalue())
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+@pytest.mark.parametrize("save", [save_keeping_a_backup, save_from_memory])
+def test_checkpoint_accepts_backups_and_saves_serialised_in_memory(save):
+    ch09.CHECKPOINT_SAVE.check(save, thorough=True)
+
+
+def test_observations_survive_the_trip_from_a_grading_worker():
+    """The worker sends plain JSON; the grader judges what arrives, as it arrives."""
     from forge_course.grader.codec import dumps, loads
 
     case = ch09.checkpoint_cases()[0]
     for exercise, fn in ((ch09.CHECKPOINT_SAVE, SPEC_SAVE), (ch09.CHECKPOINT_LOAD, SPEC_LOAD)):
-        seen = exercise.observe(fn, case)
-        assert loads(dumps(seen)) == seen
-    seen = ch09.EARLY_STOPPING.observe(ch09._reference_stopper, ch09.early_stopping_cases()[0])
-    assert loads(dumps(seen)) == seen
+        exercise.judge(case, loads(dumps(exercise.observe(fn, case))))
+    case = ch09.early_stopping_cases()[0]
+    seen = ch09.EARLY_STOPPING.observe(ch09._reference_stopper, case)
+    ch09.EARLY_STOPPING.judge(case, loads(dumps(seen)))
 
 
 class CountingStopper:
@@ -205,3 +320,22 @@ def test_early_stopping_must_refuse_bad_settings():
 
     with pytest.raises(Mistake, match="raises ValueError"):
         ch09.check_early_stopping(AcceptsAnything, thorough=True)
+
+
+def test_early_stopping_names_nan_as_an_improvement_in_max_mode():
+    class NanImprovesAccuracy(CountingStopper):
+        def step(self, metric):
+            value = float(metric)
+            if self.sign > 0:
+                improved = value < self.best - self.min_delta
+            else:
+                improved = not value <= self.best + self.min_delta  # True for NaN
+            if improved:
+                self.best, self.best_epoch, self.num_bad_epochs = value, self.seen, 0
+            else:
+                self.num_bad_epochs += 1
+            self.seen += 1
+            return self.num_bad_epochs >= self.patience
+
+    with pytest.raises(Mistake, match="a NaN counts as an improvement"):
+        ch09.check_early_stopping(NanImprovesAccuracy, thorough=True)

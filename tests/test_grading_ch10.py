@@ -31,7 +31,7 @@ def test_accumulate_accepts_correct_answers(answer):
     ch10.check_accumulate_step(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch10.ACCUMULATE_MISTAKES, ids=range(4))
+@pytest.mark.parametrize("message,wrong", ch10.ACCUMULATE_MISTAKES, ids=range(5))
 def test_accumulate_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch10.check_accumulate_step(wrong)
@@ -59,7 +59,7 @@ def test_amp_accepts_correct_answers(answer):
     ch10.check_amp_step(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch10.AMP_MISTAKES, ids=range(3))
+@pytest.mark.parametrize("message,wrong", ch10.AMP_MISTAKES, ids=range(4))
 def test_amp_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch10.check_amp_step(wrong, thorough=True)
@@ -101,7 +101,7 @@ def test_checkpointed_forward_accepts_correct_answers(answer):
     ch10.check_checkpointed_forward(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch10.CHECKPOINT_MISTAKES, ids=range(3))
+@pytest.mark.parametrize("message,wrong", ch10.CHECKPOINT_MISTAKES, ids=range(4))
 def test_checkpointed_forward_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch10.check_checkpointed_forward(wrong)
@@ -138,3 +138,152 @@ def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
     monkeypatch.setenv("FORGE_GRADING_SEED", "2")
     assert ch10.accumulate_cases(thorough=True) != first
     assert ch10.accumulate_cases(thorough=False) == ch10.accumulate_cases(thorough=False)
+
+
+def concatenating_accumulate(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    """No accumulation at all: one forward on all the micro-batches at once."""
+    optimizer.zero_grad()
+    x = torch.cat([x for x, _ in micro_batches])
+    y = torch.cat([y for _, y in micro_batches])
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item()
+
+
+def test_accumulate_must_run_one_forward_per_micro_batch():
+    with pytest.raises(Mistake, match="concatenated into one batch for a single forward pass"):
+        ch10.check_accumulate_step(concatenating_accumulate)
+
+
+def test_accumulate_notices_a_forged_record_of_the_forward_passes():
+    def forging(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+        loss = concatenating_accumulate(model, optimizer, loss_fn, micro_batches, max_grad_norm)
+        model[-1].seen = [(len(x), "torch.float32") for x, _ in micro_batches]
+        return loss
+
+    with pytest.raises(Mistake, match="instrument"):
+        ch10.check_accumulate_step(forging)
+
+
+def cpu_autocast_everywhere(model, optimizer, loss_fn, x, y, scaler=None):
+    """Right on the CPU only: autocast's device type is written in, not taken from `x`."""
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = loss_fn(model(x), y)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return loss.item()
+
+
+def test_amp_device_type_must_come_from_the_input_even_without_a_gpu():
+    ch10.check_amp_step(cpu_autocast_everywhere)  # the visible case is on the CPU
+    with pytest.raises(Mistake, match="entered for the CPU whatever the input's device"):
+        ch10.check_amp_step(cpu_autocast_everywhere, thorough=True)
+
+
+def bfloat16_where_supported(model, optimizer, loss_fn, x, y, scaler=None):
+    """Correct: bfloat16 on a GPU that supports it (no scaler needed, a given one still used)."""
+    kind = x.device.type
+    gpu_bf16 = kind == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    dtype = torch.bfloat16 if kind == "cpu" or gpu_bf16 else torch.float16
+    optimizer.zero_grad()
+    with torch.autocast(kind, dtype=dtype):
+        loss = loss_fn(model(x), y)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return loss.item()
+
+
+def test_amp_accepts_bfloat16_on_a_gpu_that_runs_it():
+    ch10.check_amp_step(bfloat16_where_supported, thorough=True)
+    # Without a GPU here, the rule itself: what a bfloat16 GPU run reports against float16.
+    case = {"device": "cuda:0", "optimizer": "momentum", "scaler": "given", "seed": 0}
+    want = {"the dtype of the model's output in call 1": "torch.float16",
+            "the value returned by call 1": 1.09375,
+            "the scaler's scale after call 1": 65536.0}  # fmt: skip
+    got = {**want, "the dtype of the model's output in call 1": "torch.bfloat16",
+           "the value returned by call 1": 1.09}  # fmt: skip
+    assert ch10._bfloat16_on_a_gpu(got, want, case) == want
+    far = {**got, "the value returned by call 1": 1.5}
+    assert ch10._bfloat16_on_a_gpu(far, want, case)["the value returned by call 1"] == 1.5
+    on_the_cpu = {**case, "device": "cpu"}
+    assert ch10._bfloat16_on_a_gpu(got, want, on_the_cpu) == got
+
+
+def plain_forward_under_own_hooks(layers, x, segments):
+    """Checkpoints nothing, and hides what it keeps from any outer saved-tensor hook."""
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        for layer in layers:
+            x = layer(x)
+    return x
+
+
+def plain_forward_that_reruns_in_backward(layers, x, segments):
+    """Checkpoints nothing, keeps everything, and runs each block again during backward."""
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        out = x
+        for layer in layers:
+            out = layer(out)
+    if out.requires_grad:
+
+        def rerun(grad):
+            with torch.no_grad():
+                h = x
+                for layer in layers:
+                    h = layer(h)
+            return grad
+
+        out.register_hook(rerun)
+    return out
+
+
+@pytest.mark.parametrize("answer", [plain_forward_under_own_hooks,
+                                    plain_forward_that_reruns_in_backward])  # fmt: skip
+def test_checkpointed_forward_sees_through_the_answers_own_saved_tensor_hooks(answer):
+    with pytest.raises(Mistake, match="saved_tensors_hooks` of the answer's own"):
+        ch10.check_checkpointed_forward(answer)
+
+
+def test_checkpointed_forward_counts_the_recomputation():
+    def rerun_nothing(layers, x, segments):
+        # Checkpoints every segment but the last, as checkpoint_sequential does.
+        layers = list(layers)
+        *head, last = checkpointing.segment_sizes(len(layers), segments)
+        start = 0
+        for size in head:
+            x = checkpoint(torch.nn.Sequential(*layers[start : start + size]), x,
+                           use_reentrant=False)  # fmt: skip
+            start += size
+        for layer in layers[start:]:
+            x = layer(x)
+        return x
+
+    with pytest.raises(Mistake, match="the last segment is not checkpointed"):
+        ch10.check_checkpointed_forward(rerun_nothing)
+
+
+def test_observations_survive_the_trip_from_a_grading_worker():
+    """The worker sends plain JSON; the grader judges what arrives, as it arrives."""
+    from forge_course.grader.codec import dumps, loads
+
+    stand_in = next(c for c in ch10.amp_cases(thorough=True) if c.get("claims"))
+    for exercise, case in [
+        (ch10.ACCUMULATE, ch10.accumulate_cases()[1]),
+        (ch10.AMP, ch10.amp_cases()[0]),
+        (ch10.AMP, stand_in),
+        (ch10.CHECKPOINTED, ch10.checkpoint_cases()[0]),
+    ]:
+        exercise.judge(case, loads(dumps(exercise.observe(exercise.reference, case))))

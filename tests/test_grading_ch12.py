@@ -3,9 +3,14 @@
 import pytest
 import torch
 
+from forge_course.grader.assignment import INSTALL_TAG
 from forge_course.grading import Mistake, ch12
 from forge_course.reference import capstone
+from forge_course.release import source_notebook
 from tests.answers import ch12 as answers
+from tests.conftest import REPO
+
+CHAPTER = REPO / "solutions" / "ch12_capstone.py"
 
 
 def _define(source: str, name: str):
@@ -46,14 +51,94 @@ def test_a_smoke_test_that_returns_only_a_verdict_is_told_the_shape():
         ch12.check_smoke_test(lambda *args, **kwargs: True)
 
 
+def test_a_smoke_test_that_passes_a_loss_lower_at_some_point_fails():
+    def lower_at_some_point(make_model, make_optimizer, loss_fn, batch, steps=10):
+        losses, _ = capstone.smoke_test.__wrapped__(make_model, make_optimizer, loss_fn, batch,
+                                                    steps)  # fmt: skip
+        return losses, any(loss < losses[0] for loss in losses)
+
+    case = {"setup": "dip_then_diverge", "device": "cpu", "seed": 3, "steps": 3}
+    observed = ch12.observe_smoke(capstone.smoke_test.__wrapped__, case)
+    first, low, last = observed["losses"]
+    assert low < first < last and observed["passed"] is False  # 5.125 → 1.125 → 10.125
+    with pytest.raises(Mistake, match="lower at some point and then exploded"):
+        ch12.check_smoke_test(lower_at_some_point)
+
+
+def test_smoke_test_hints_name_only_the_mistake_that_was_made():
+    def zero_grad_before_step(make_model, make_optimizer, loss_fn, batch, steps=10):
+        model, losses = make_model(), []
+        optimizer = make_optimizer(model.parameters())
+        for _ in range(steps):
+            loss = loss_fn(model(batch[0]), batch[1])
+            loss.backward()
+            optimizer.zero_grad(set_to_none=False)
+            optimizer.step()
+            losses.append(loss.item())
+        return losses, losses[-1] < losses[0]
+
+    def no_backward(make_model, make_optimizer, loss_fn, batch, steps=10):
+        model, losses = make_model(), []
+        optimizer = make_optimizer(model.parameters())
+        for _ in range(steps):
+            optimizer.zero_grad()
+            losses.append(loss_fn(model(batch[0]), batch[1]).item())
+            optimizer.step()
+        return losses, losses[-1] < losses[0]
+
+    with pytest.raises(Mistake, match="sits between `loss.backward\\(\\)` and") as caught:
+        ch12.check_smoke_test(zero_grad_before_step)
+    assert "built again inside the loop" not in str(caught.value)
+    with pytest.raises(Mistake) as caught:
+        ch12.check_smoke_test(no_backward)
+    message = str(caught.value)
+    assert "backward passes that reached the weights should be 10, but it is 0" in message
+    assert "built again" not in message and "sits between" not in message
+
+
 # ---------------------------------------------------------------- ch12_capstone
+
+
+def plain_validated_fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    """The solution's loop: chapter 04's steps, and validation done right after every epoch."""
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for x, _ in val_loader:
+                model(x.to(device))
+    model.train()
+
+
+def cached_batches_fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    """Moves every batch to the device once and reuses them (one shuffle for the whole run)."""
+    model.to(device)
+    train = [(x.to(device), y.to(device)) for x, y in train_loader]
+    val = [x.to(device) for x, _ in val_loader]
+    for _ in range(epochs):
+        model.train()
+        for x, y in train:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        model.eval()
+        with torch.inference_mode():
+            for x in val:
+                model(x)
 
 
 @pytest.mark.parametrize(
     "answer",
-    [capstone.fit.__wrapped__, capstone.plain_fit, _define(answers.FIT_ALTERNATIVE, "fit")],
-    ids=["reference", "plain", "alternative"],
-)
+    [ch12.FIT_EXERCISE.reference, plain_validated_fit, cached_batches_fit,
+     _define(answers.FIT_ALTERNATIVE, "fit")],
+    ids=["reference", "plain", "cached", "alternative"],
+)  # fmt: skip
 def test_capstone_accepts_correct_loops(answer):
     ch12.check_capstone(answer, thorough=True)
 
@@ -61,33 +146,65 @@ def test_capstone_accepts_correct_loops(answer):
 @pytest.mark.parametrize(
     "message,wrong", ch12.FIT_MISTAKES, ids=lambda v: getattr(v, "__name__", "")
 )
-def test_capstone_names_each_doctor_finding(message, wrong):
+def test_capstone_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch12.check_capstone(wrong)
-    code = message.split("`")[1]
     assert message in str(caught.value)
-    assert f"findings should be 'none', but it is '{code}" in str(caught.value)
 
 
-def test_capstone_catches_a_loop_that_does_not_learn_enough():
-    def one_batch_per_epoch(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+@pytest.mark.parametrize("answer,says", [
+    (capstone.plain_fit, "epochs followed by a complete validation pass should be 30, but it is 0"),
+    (capstone.fit.__wrapped__, "`fit` was given should be 300, but it is"),
+], ids=["never validates", "stops early"])  # fmt: skip
+def test_capstone_refuses_a_loop_that_skips_validation_or_epochs(answer, says):
+    with pytest.raises(Mistake, match=says):
+        ch12.check_capstone(answer)
+
+
+def test_capstone_refuses_a_loop_with_an_optimizer_of_its_own():
+    def own_sgd(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+        plain_validated_fit(model, torch.optim.Adam(model.parameters(), lr=0.01), loss_fn,
+                            train_loader, val_loader, epochs, device)  # fmt: skip
+
+    with pytest.raises(Mistake, match="`fit` was given should be 300, but it is 0") as caught:
+        ch12.check_capstone(own_sgd)
+    assert "built an optimizer of its own" in str(caught.value)
+
+
+def test_capstone_hints_name_only_the_mistake_that_was_made():
+    def returns_after_one_epoch(model, optimizer, loss_fn, train_loader, val_loader, epochs,
+                                device):  # fmt: skip
+        plain_validated_fit(model, optimizer, loss_fn, train_loader, val_loader, 1, device)
+        return
+
+    def wrong_labels(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
         model.to(device)
         for _ in range(epochs):
             model.train()
-            x, y = next(iter(train_loader))
-            optimizer.zero_grad()
-            loss_fn(model(x.to(device)), y.to(device)).backward()
-            optimizer.step()
+            for x, y in train_loader:
+                optimizer.zero_grad()
+                loss_fn(model(x.to(device)), y.roll(1).to(device)).backward()  # another's label
+                optimizer.step()
+            model.eval()
+            with torch.no_grad():
+                for v, _ in val_loader:
+                    model(v.to(device))
 
-    with pytest.raises(Mistake, match="validation accuracy ≥ 85% after 30 epochs should be True"):
-        ch12.check_capstone(one_batch_per_epoch)
+    with pytest.raises(Mistake, match="should be 300, but it is 10") as caught:
+        ch12.check_capstone(returns_after_one_epoch)
+    assert "missing_zero_grad`:" not in str(caught.value)
+    with pytest.raises(
+        Mistake, match="validation accuracy ≥ 85% after 30 epochs should be True"
+    ) as caught:
+        ch12.check_capstone(wrong_labels)
+    assert "Likely mistake: compare the line above" in str(caught.value)
 
 
 def test_a_fit_that_raises_on_the_doctors_problem_shows_the_error():
     def fit_needs_spiral(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
         if len(train_loader.dataset) != 300:
             raise ValueError("only the spiral, please")
-        capstone.plain_fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device)
+        plain_validated_fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device)
 
     with pytest.raises(Mistake, match=r"it is 'fit_raised \(ValueError: only the spiral"):
         ch12.check_capstone(fit_needs_spiral)
@@ -130,7 +247,7 @@ def test_checks_leave_the_callers_random_state_alone():
     expected = torch.rand(4)
     torch.manual_seed(5)
     ch12.check_smoke_test(capstone.smoke_test.__wrapped__)
-    ch12.check_capstone(capstone.plain_fit)
+    ch12.check_capstone(plain_validated_fit)
     assert torch.equal(torch.rand(4), expected)
 
 
@@ -145,9 +262,14 @@ def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_the_target_accuracy_is_reachable_by_a_plain_loop_for_any_seed(seed):
-    case = {"device": "cpu", "seed": 1000 + seed}
-    assert ch12.observe_fit(capstone.plain_fit, case) == {
+    case = {**ch12.fit_cases()[0], "device": "cpu", "seed": 1000 + seed}
+    assert ch12.observe_fit(plain_validated_fit, case) == {
+        "the check's hook on the model was left in place": True,
         "loop doctor's findings": "none",
+        "validation forwards with Dropout on": 0,
+        "validation forwards that recorded a graph": 0,
+        "updates by the optimizer `fit` was given": 300,
+        "epochs followed by a complete validation pass": 30,
         ch12.REACHED: True,
     }
 
@@ -155,13 +277,25 @@ def test_the_target_accuracy_is_reachable_by_a_plain_loop_for_any_seed(seed):
 def test_two_findings_at_once_are_both_named():
     def two_bugs(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
         model.to(device)
+        model.train()
         for _ in range(epochs):
-            model.train()
             for x, y in train_loader:
                 loss_fn(model(x.to(device)), y.to(device)).backward()
                 optimizer.step()
-            for x, _ in val_loader:
-                model(x.to(device))
+            model.eval()
+            with torch.no_grad():
+                for x, _ in val_loader:
+                    model(x.to(device))
 
-    with pytest.raises(Mistake, match="it is 'missing_zero_grad, no_eval_mode, grad_enabled"):
+    with pytest.raises(Mistake, match="it is 'missing_zero_grad, train_mode_not_restored'"):
         ch12.check_capstone(two_bugs)
+
+
+def test_the_settings_cell_imports_no_reference_no_check_and_no_doctor():
+    """The grading worker runs it before every answer: it holds what answers need, no more."""
+    code = [c for c in source_notebook(CHAPTER).cells if c.cell_type == "code"]
+    plain = [c for c in code if "nbgrader" not in c.metadata]
+    settings = next(c.source for c in plain if INSTALL_TAG not in c.metadata.get("tags", []))
+    assert "SEED = " in settings
+    for module in ("forge_course.reference", "forge_course.grading", "forge_course.doctor"):
+        assert module not in settings

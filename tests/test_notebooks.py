@@ -4,6 +4,7 @@ Binder's memory."""
 import json
 
 import pytest
+import torch
 
 from forge_course.check import errors, execute, graded_results
 from tests.conftest import CHAPTERS, add_cells
@@ -36,4 +37,5 @@ def test_solution_notebook_runs_twice_cleanly(chapter, sources):
     printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
     kernel_kb, child_kb = json.loads(printed.strip().splitlines()[-1])
     peak = (kernel_kb + child_kb) * 1024 + SERVER_BYTES
-    assert peak < BINDER_BYTES, f"{peak / 2**20:.0f} MiB would not fit Binder's 2 GiB"
+    if not torch.cuda.is_available():  # Binder has no GPU; a CUDA kernel's peak means nothing there
+        assert peak < BINDER_BYTES, f"{peak / 2**20:.0f} MiB would not fit Binder's 2 GiB"

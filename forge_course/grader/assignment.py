@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 
-from forge_course.grading.core import Exercise
+from forge_course.grading.core import Exercise, clean_room
 
 INSTALL_TAG = "colab-install"  # the first cell that installs forge_course on Colab
 
@@ -26,7 +26,7 @@ INSTALL_TAG = "colab-install"  # the first cell that installs forge_course on Co
 class Assignment:
     id: str
     prelude: str
-    exercises: dict[str, list[tuple[int, Exercise]]]  # solution cell id -> (index, record)
+    exercises: dict[str, list[Exercise]]  # solution cell id -> its records, reference first
     test_points: dict[str, float]  # graded cell id -> points
     question_tests: dict[str, str] = field(default_factory=dict)  # graded cell id -> its code
     question_cells: dict[str, list[str]] = field(default_factory=dict)  # cell id -> names
@@ -37,7 +37,7 @@ class Assignment:
         """The names the instructor's set-up cell defines (run once, here, in the grader)."""
         if self._settings is None:
             scope: dict = {"__name__": "__forge_settings__"}
-            with contextlib.redirect_stdout(io.StringIO()):
+            with clean_room(), contextlib.redirect_stdout(io.StringIO()):
                 exec(compile(self.prelude, f"<{self.id} set-up>", "exec"), scope)
             self._settings = scope
         return dict(self._settings)
@@ -69,9 +69,9 @@ def load(assignment_id: str, source: Path, release: Path | None = None) -> Assig
             f"{assignment_id}'s checks do not list their EXERCISES yet, so forge-course grade "
             "cannot grade it in isolation; use nbgrader autograde for this chapter."
         )
-    exercises: dict[str, list[tuple[int, Exercise]]] = {}
-    for index, exercise in enumerate(module.EXERCISES):
-        exercises.setdefault(exercise.grade_id, []).append((index, exercise))
+    exercises: dict[str, list[Exercise]] = {}
+    for exercise in module.EXERCISES:
+        exercises.setdefault(exercise.grade_id, []).append(exercise)
     code = [c for c in nb.cells if c.cell_type == "code"]
     # The set-up cell: the first plain code cell, past the Colab install cell if there is one.
     prelude = next(

@@ -18,8 +18,11 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 # (v1 controller folder, file, v2 file): the same limit under both versions' names
-LIMITS = {"pids": ("pids", "pids.max", "pids.max"),
-          "memory": ("memory", "memory.limit_in_bytes", "memory.max")}  # fmt: skip
+LIMITS = {
+    "pids": ("pids", "pids.max", "pids.max"),
+    "memory": ("memory", "memory.limit_in_bytes", "memory.max"),
+    "cpu": ("cpuacct", None, None),
+}  # fmt: skip  (CPU time is only accounted)
 
 
 def _own_paths() -> dict[str, str]:
@@ -40,15 +43,18 @@ def _make_one(kind: str, value: str, own: dict[str, str], name: str) -> Path | N
     if "" in own:
         candidates.append((ROOT / own[""].lstrip("/") / name, v2_file))
     for group, file in candidates:
+        existed = group.is_dir()  # version 2: one group for every controller
         try:
-            group.mkdir()
+            group.mkdir(exist_ok=True)
         except OSError:
             continue
         try:
-            (group / file).write_text(value)
+            if file:
+                (group / file).write_text(value)
             return group
         except OSError:
-            group.rmdir()
+            if not existed:
+                group.rmdir()
     return None
 
 
@@ -59,9 +65,9 @@ def make(pids: int, memory_mb: int) -> list[Path]:
     except OSError:
         return []
     name = f"forge-sandbox-{uuid.uuid4().hex[:12]}"
-    wanted = {"pids": str(pids), "memory": str(memory_mb * 2**20)}
+    wanted = {"pids": str(pids), "memory": str(memory_mb * 2**20), "cpu": ""}
     made = [_make_one(kind, value, own, name) for kind, value in wanted.items()]
-    return [group for group in made if group is not None]
+    return list(dict.fromkeys(group for group in made if group is not None))
 
 
 def join(groups: list[Path]) -> None:
@@ -117,3 +123,14 @@ def limit_hits(groups: list[Path]) -> int:
         with contextlib.suppress(OSError, ValueError):
             hits += int((group / "memory.failcnt").read_text())
     return hits
+
+
+def cpu_seconds(groups: list[Path]) -> float | None:
+    """CPU time used by everything in ``groups`` (None where no group accounts it)."""
+    for group in groups:
+        with contextlib.suppress(OSError, ValueError):
+            return int((group / "cpuacct.usage").read_text()) / 1e9
+        with contextlib.suppress(OSError, ValueError, StopIteration):
+            stat = (group / "cpu.stat").read_text().splitlines()
+            return int(next(v for k, v in map(str.split, stat) if k == "usage_usec")) / 1e6
+    return None

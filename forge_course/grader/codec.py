@@ -31,6 +31,8 @@ def to_plain(value: Any, depth: int = 0) -> Any:
         return value
     if kind is float:
         return _float(value)
+    if kind.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return to_plain(value.item(), depth + 1)  # NumPy's own scalars stand for numbers
     if kind in (list, tuple):
         items = [to_plain(v, depth + 1) for v in value]
         return items if kind is list else {_TUPLE: items}
@@ -64,6 +66,8 @@ def _unmap_floats(values: Any) -> Any:
     if isinstance(values, list):
         return [_unmap_floats(v) for v in values]
     if isinstance(values, dict):
+        if values.get(_FLOAT) not in ("nan", "inf", "-inf"):
+            raise ValueError("a malformed special float")
         return float(values[_FLOAT])
     return values
 
@@ -72,29 +76,59 @@ class Unsupported(str):
     """A value the worker could not send as plain data; its text says what it was."""
 
 
-def from_plain(data: Any) -> Any:
-    """The inverse of `to_plain` (tensors are rebuilt on their device when it exists here)."""
+_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64,
+              torch.complex128)
+}  # fmt: skip
+MAX_DEPTH = 40
+
+
+def from_plain(data: Any, depth: int = 0) -> Any:
+    """The inverse of `to_plain` (tensors are rebuilt on their device when it exists here).
+
+    The data may come from a forged line: anything that is not a well-formed value raises
+    ``ValueError``, never something else.
+    """
+    if depth > MAX_DEPTH:
+        raise ValueError("nested too deeply")
     if isinstance(data, list):
-        return [from_plain(v) for v in data]
+        return [from_plain(v, depth + 1) for v in data]
     if not isinstance(data, dict):
-        return data
-    if _FLOAT in data and len(data) == 1:
+        if data is None or type(data) in (bool, int, float, str):
+            return data
+        raise ValueError(f"not plain data: {type(data).__name__}")
+    if len(data) == 1 and _FLOAT in data:
+        if data[_FLOAT] not in ("nan", "inf", "-inf"):
+            raise ValueError("a malformed special float")
         return float(data[_FLOAT])
-    if _TUPLE in data and len(data) == 1:
-        return tuple(from_plain(v) for v in data[_TUPLE])
-    if _OTHER in data and len(data) == 1:
-        return Unsupported(data[_OTHER])
-    if _TENSOR in data and len(data) == 1:
-        spec = data[_TENSOR]
-        dtype = getattr(torch, spec["dtype"])
+    if len(data) == 1 and _TUPLE in data and isinstance(data[_TUPLE], list):
+        return tuple(from_plain(v, depth + 1) for v in data[_TUPLE])
+    if len(data) == 1 and _OTHER in data:
+        return Unsupported(str(data[_OTHER])[:200])
+    if len(data) == 1 and _TENSOR in data:
+        return _tensor(data[_TENSOR])
+    return {str(k): from_plain(v, depth + 1) for k, v in data.items()}
+
+
+def _tensor(spec: Any) -> torch.Tensor:
+    if not isinstance(spec, dict) or spec.get("dtype") not in _DTYPES:
+        raise ValueError("a malformed tensor")
+    shape = spec.get("shape")
+    if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+        raise ValueError("a malformed tensor shape")
+    dtype = _DTYPES[spec["dtype"]]
+    try:
         values = _unmap_floats(spec["values"])
         build = torch.float32 if dtype == torch.bfloat16 else dtype
-        tensor = torch.tensor(values, dtype=build).reshape(spec["shape"]).to(dtype)
-        try:
-            return tensor.to(spec["device"])
-        except (RuntimeError, AssertionError):
-            return tensor
-    return {k: from_plain(v) for k, v in data.items()}
+        tensor = torch.tensor(values, dtype=build).reshape(shape).to(dtype)
+    except (TypeError, ValueError, RuntimeError, KeyError, RecursionError) as err:
+        raise ValueError(f"a malformed tensor ({type(err).__name__})") from None
+    try:
+        return tensor.to(str(spec.get("device", "cpu")))
+    except (RuntimeError, AssertionError, ValueError):
+        return tensor
 
 
 def dumps(value: Any) -> str:

@@ -3,8 +3,10 @@
 Layout (nbgrader's): ``grading/submitted/<student>/<assignment>/<notebook>.ipynb``. For each
 submission the grader writes, in order:
 
-1. a ledger entry ``grading/forge/<assignment>/<student>.json`` (atomically, with the
-   notebook's SHA-256), so a restarted run skips what is done and loses nothing;
+1. a ledger entry ``grading/forge/<assignment>/<digest of the id>.json`` (atomically, keyed by
+   the notebook's SHA-256, the instructor's version, the grader's version and the seed, and
+   signed with a key the sandbox never sees), so a restarted run skips what is done and loses
+   nothing, and an entry forged or left by older tests is graded again;
 2. the scores into nbgrader's gradebook (``nbgrader export`` and the Formgrader see them);
 3. feedback ``grading/feedback/<student>/<assignment>/<assignment>.html``: each test's status
    and message, never the code of hidden tests;
@@ -12,16 +14,24 @@ submission the grader writes, in order:
    its test cell's output, for instructors who prefer ``nbgrader generate_feedback``'s pages;
 
 and at the end ``grading/grades.csv`` with one row per test cell and its status.
+
+Whatever goes wrong with one submission (an unreadable notebook, a folder name no tool can
+hold, a crash of the grader's own code) becomes that student's status, and the run goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
+import hashlib
+import hmac
 import html
 import json
 import os
+import random
+import secrets
 import tempfile
+import traceback
+import unicodedata
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -31,8 +41,23 @@ import nbformat
 
 from forge_course.grader import assignment as assignments
 from forge_course.grader import sandbox
-from forge_course.grader.submission import CellResult, as_dict, fingerprint, grade_notebook
+from forge_course.grader.export import csv_text
+from forge_course.grader.submission import (
+    CellResult,
+    as_dict,
+    clean_text,
+    fingerprint,
+    grade_notebook,
+    read_notebook,
+)
 from forge_course.release import REPO, build_sources, chapter_ids
+
+PACKAGE = Path(__file__).resolve().parents[1]
+SAFE_ID = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+class SandboxUnavailable(RuntimeError):
+    """No sandbox on this machine, and the instructor did not say --unsafe."""
 
 
 def grading_dir(course_root: Path = REPO) -> Path:
@@ -41,7 +66,9 @@ def grading_dir(course_root: Path = REPO) -> Path:
 
 def _write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+    with tempfile.NamedTemporaryFile(
+        "w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8", newline=""
+    ) as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -60,6 +87,21 @@ def _env(**values: str):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def student_id(folder_name: str) -> str:
+    """The id a student folder is graded under.
+
+    The rule: letters, digits, ``.``, ``_`` and ``-``, at most 64 characters, not beginning
+    with ``-`` or ``.`` (after Unicode NFC normalisation). A name outside the rule gets
+    ``student-`` and 16 hex digits of its SHA-256 (its own, so no two names share one); the
+    run's ``student_ids.csv`` maps it back to the folder's name.
+    """
+    name = unicodedata.normalize("NFC", folder_name) if folder_name.isprintable() else folder_name
+    if 0 < len(name) <= 64 and set(name) <= SAFE_ID and name[0] not in "-.":
+        return name
+    raw = folder_name.encode("utf-8", "surrogateescape")
+    return "student-" + hashlib.sha256(raw).hexdigest()[:16]
 
 
 def _ensure_in_gradebook(course_root: Path, grading: Path, assignment_id: str) -> None:
@@ -127,28 +169,21 @@ def _feedback(grading: Path, assignment_id: str, student: str, results: dict) ->
     _write_atomically(path, page)
 
 
-def hidden_paths(course_root: Path, grading: Path) -> list[Path]:
-    """What no submission may read: solutions, built sources with hidden tests, the tests, and
-    the grading workspace (gradebook, other submissions, ledger, feedback)."""
-    return [course_root / "solutions", course_root / "build", course_root / "tests", grading]
-
-
 def _autograded(
     grading: Path, assignment_id: str, student: str, submitted: Path | None, results: dict
 ) -> None:
     """nbgrader's autograded copy, so ``nbgrader generate_feedback`` works on our verdicts: the
-    instructor's notebook with the learner's answers in it and each verdict as a test's output
-    (the feedback step clears hidden tests, as after ``nbgrader autograde``)."""
+    instructor's notebook with the learner's answers in its solution cells (and nowhere else)
+    and each verdict as a test's output (the feedback step clears hidden tests, as after
+    ``nbgrader autograde``)."""
     source = nbformat.read(grading / "source" / assignment_id / f"{assignment_id}.ipynb", 4)
     answers = {}
-    with contextlib.suppress(Exception):  # a malformed submission keeps no answers
-        for cell in nbformat.read(submitted, as_version=4).cells:
-            meta = cell.get("metadata", {}).get("nbgrader", {})
-            if meta.get("solution") and meta.get("grade_id"):
-                answers[meta["grade_id"]] = cell.get("source", "")
+    with contextlib.suppress(ValueError, OSError):  # a malformed submission keeps no answers
+        answers = read_notebook(submitted) if submitted else {}
     for cell in source.cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if grade_id in answers:
+        meta = cell.metadata.get("nbgrader", {})
+        grade_id = meta.get("grade_id")
+        if meta.get("solution") and not meta.get("grade") and grade_id in answers:
             cell.source = answers[grade_id]
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -163,13 +198,95 @@ def _autograded(
 
 
 def discover(submitted: Path, only: list[str] | None) -> list[tuple[str, str, Path]]:
-    """(student, assignment, folder) for every submission folder."""
+    """(folder name, assignment, folder) for every submission folder, symbolic links included
+    (they are refused when graded, under the student's own id)."""
     found = []
-    for student in sorted(p for p in submitted.iterdir() if p.is_dir()):
-        for folder in sorted(p for p in student.iterdir() if p.is_dir()):
-            if only is None or folder.name in only:
+    for student in sorted(submitted.iterdir(), key=lambda p: p.name):
+        if not (student.is_dir() or student.is_symlink()):
+            continue
+        if student.is_symlink():
+            found += [(student.name, a, student) for a in only or []]
+            continue
+        for folder in sorted(student.iterdir(), key=lambda p: p.name):
+            if (folder.is_dir() or folder.is_symlink()) and (only is None or folder.name in only):
                 found.append((student.name, folder.name, folder))
     return found
+
+
+def versions(course_root: Path, assignment_id: str) -> dict[str, str]:
+    """Digests of what a verdict depends on besides the notebook: the instructor's version of
+    the assignment and the grader's code (checks, references, sandbox)."""
+    source = course_root / "solutions" / f"{assignment_id}.py"
+    grader = hashlib.sha256()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        grader.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
+    return {
+        "instructor": hashlib.sha256(source.read_bytes()).hexdigest(),
+        "grader": grader.hexdigest(),
+    }
+
+
+class Ledger:
+    """One signed entry per (assignment, student): what a resumed run may keep."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        key = folder / ".key"
+        if not key.exists():
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        self._key = key.read_text().strip().encode()
+
+    def path(self, assignment_id: str, student: str) -> Path:
+        name = hashlib.sha256(student.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+        return self.folder / assignment_id / f"{name}.json"
+
+    def _sign(self, record: dict) -> str:
+        body = json.dumps(record, sort_keys=True, ensure_ascii=True).encode()
+        return hmac.new(self._key, body, hashlib.sha256).hexdigest()
+
+    def read(self, assignment_id: str, student: str, key: dict) -> dict | None:
+        """The saved results if the entry is genuine and was made under ``key``."""
+        try:
+            saved = json.loads(self.path(assignment_id, student).read_text())
+            record, signature = saved["record"], saved["signature"]
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            return None
+        if not isinstance(signature, str) or not hmac.compare_digest(signature, self._sign(record)):
+            return None
+        if record.get("key") != key or record.get("student") != student:
+            return None
+        return record.get("results")
+
+    def write(self, assignment_id: str, student: str, key: dict, results: dict) -> None:
+        record = {"student": student, "key": key, "results": results}
+        text = json.dumps({"record": record, "signature": self._sign(record)}, indent=1)
+        _write_atomically(self.path(assignment_id, student), text)
+
+
+def _resolve_seed(grading: Path, seed: int | None, force: bool) -> int:
+    """--seed, else FORGE_GRADING_SEED, else the seed of the run being resumed, else a new one."""
+    saved = grading / "forge" / "seed"
+    if seed is None and os.environ.get("FORGE_GRADING_SEED"):
+        seed = int(os.environ["FORGE_GRADING_SEED"])
+    if seed is None and not force:
+        with contextlib.suppress(OSError, ValueError):
+            seed = int(saved.read_text())
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    _write_atomically(saved, str(seed))
+    return seed
+
+
+def _device_environment(device: str) -> dict[str, str]:
+    """What tells the grader's checks and its workers which devices to use."""
+    if device == "cpu":
+        return {"FORGE_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    if device == "cuda":
+        return {"FORGE_DEVICE": "cuda"}
+    return {}
 
 
 def grade(
@@ -182,35 +299,69 @@ def grade(
     force: bool = False,
     progress: bool = True,
     grading: Path | None = None,
+    unsafe: bool = False,
+    seed: int | None = None,
+    device: str = "auto",
 ) -> dict[tuple[str, str], dict]:
-    """Grade every submission; return ``{(student, assignment): {cell: result dict}}``."""
-    grading = grading or grading_dir(course_root)
+    """Grade every submission; return ``{(student id, assignment): {cell: result dict}}``.
+
+    Raises `SandboxUnavailable` where bubblewrap cannot run, unless ``unsafe``.
+    """
+    mode = sandbox.isolation()
+    if mode != "bubblewrap" and not unsafe:
+        raise SandboxUnavailable(sandbox.INSTALL_BWRAP)
+    grading = (grading or grading_dir(course_root)).resolve()
     limits = limits or sandbox.Limits()
-    submitted = submitted or grading / "submitted"
+    submitted = (submitted or grading / "submitted").resolve()
     known = set(chapter_ids(course_root))
     work = [w for w in discover(submitted, assignment_ids) if w[1] in known]
+    run_seed = _resolve_seed(grading, seed, force)
+    with (
+        _env(FORGE_GRADING_SEED=str(run_seed), **_device_environment(device)),
+        tempfile.TemporaryDirectory(prefix="forge-stage-") as stage_dir,
+    ):
+        sandbox.stage(Path(stage_dir))
+        return _grade_class(work, course_root, grading, limits, Path(stage_dir), mode, run_seed,
+                            jobs, force, progress)  # fmt: skip
+
+
+def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs, force, progress):
     source_root = grading / "source"
     build_sources(course_root, source_root)
-    loaded = {}
+    loaded, keys = {}, {}
     for a in sorted({w[1] for w in work}):
         _ensure_in_gradebook(course_root, grading, a)
         loaded[a] = assignments.load(a, source_root / a / f"{a}.ipynb")
-    hidden = hidden_paths(course_root, grading) + [submitted]  # the class's notebooks too
+        keys[a] = {**versions(course_root, a), "seed": seed}
+    ledger = Ledger(grading / "forge")
+    ids = {name: student_id(name) for name in {w[0] for w in work}}
+    _write_id_map(grading, ids)
 
-    paths = {(s, a): assignments.find_notebook(folder, a) for s, a, folder in work}
-
-    def one(student: str, assignment_id: str, folder: Path) -> tuple[str, str, dict, str]:
-        path = paths[(student, assignment_id)]
-        digest = fingerprint(path) if path else "missing"
-        ledger = grading / "forge" / assignment_id / f"{student}.json"
-        if not force and ledger.exists():
-            saved = json.loads(ledger.read_text())
-            if saved.get("sha256") == digest:
-                return student, assignment_id, saved["results"], "resumed"
-        results = as_dict(grade_notebook(loaded[assignment_id], path, limits, hidden))
-        record = {"sha256": digest, "notebook": path.name if path else None, "results": results}
-        _write_atomically(ledger, json.dumps(record, indent=1))
-        return student, assignment_id, results, "graded"
+    def one(name: str, assignment_id: str, folder: Path) -> tuple[str, str, dict, Path | None]:
+        student = ids[name]
+        path = None
+        try:
+            if folder.is_symlink() or folder.parent.is_symlink():
+                raise _Refused("the submission folder is a symbolic link")
+            path = assignments.find_notebook(folder, assignment_id)
+            key = {**keys[assignment_id], "notebook": fingerprint(path) if path else "missing"}
+            if not force and (saved := ledger.read(assignment_id, student, key)) is not None:
+                return student, assignment_id, saved, path
+            results = as_dict(grade_notebook(loaded[assignment_id], path, limits, stage_dir,
+                                             mode, seed))  # fmt: skip
+        except sandbox.SandboxError:
+            raise  # the machine cannot grade anyone: stop once, with the sandbox's words
+        except _Refused as why:
+            key, results = (
+                None,
+                _everything(loaded[assignment_id], "malformed", f"Not graded: {why}."),
+            )
+        except Exception as err:  # noqa: BLE001  (one submission's failure stays its own)
+            key, message = None, f"The grader failed on this submission: {_what_failed(err)}"
+            results = _everything(loaded[assignment_id], "grader error", message)
+        if key is not None:
+            ledger.write(assignment_id, student, key, results)
+        return student, assignment_id, results, path
 
     outcomes: dict[tuple[str, str], dict] = {}
     bar = None
@@ -221,40 +372,58 @@ def grade(
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         futures = [pool.submit(one, *w) for w in work]
         for future in as_completed(futures):
-            student, assignment_id, results, _ = future.result()
-            as_results = {c: CellResult(**r) for c, r in results.items()}
-            _record(grading, assignment_id, student, as_results)
-            _feedback(grading, assignment_id, student, results)
-            _autograded(grading, assignment_id, student, paths.get((student, assignment_id)),
-                        results)  # fmt: skip
+            student, assignment_id, results, path = future.result()
+            try:
+                _record(
+                    grading,
+                    assignment_id,
+                    student,
+                    {c: CellResult(**r) for c, r in results.items()},
+                )
+                _feedback(grading, assignment_id, student, results)
+                _autograded(grading, assignment_id, student, path, results)
+            except Exception as err:  # noqa: BLE001
+                message = f"The grader could not record this submission: {_what_failed(err)}"
+                results = _everything(loaded[assignment_id], "grader error", message)
             outcomes[(student, assignment_id)] = results
             if bar is not None:
                 bar.update()
     if bar is not None:
         bar.close()
-    _write_csv(grading / "grades.csv", outcomes)
+    _write_csv(grading / "grades.csv", outcomes, seed)
     return outcomes
 
 
-def _write_csv(path: Path, outcomes: dict[tuple[str, str], dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(
-            ["assignment", "student", "test", "status", "points", "max_points", "message"]
-        )
-        for (student, assignment_id), results in sorted(
-            outcomes.items(), key=lambda kv: (kv[0][1], kv[0][0])
-        ):
-            for cell, r in results.items():
-                writer.writerow(
-                    [
-                        assignment_id,
-                        student,
-                        cell,
-                        r["status"],
-                        r["points"],
-                        r["max_points"],
-                        r["message"].splitlines()[0] if r["message"] else "",
-                    ]
-                )
+class _Refused(Exception):
+    """A submission the grader will not open (its reason is shown to the student)."""
+
+
+def _everything(assignment, status: str, message: str) -> dict:
+    top = assignment.test_points
+    return {c: as_dict({c: CellResult(status, 0.0, top[c], clean_text(message))})[c] for c in top}
+
+
+def _what_failed(err: BaseException) -> str:
+    frame = traceback.extract_tb(err.__traceback__)[-1:] if err.__traceback__ else []
+    where = f" in {Path(frame[0].filename).name}:{frame[0].lineno}" if frame else ""
+    return clean_text(f"{type(err).__name__}{where}: {err}", 500)
+
+
+def _write_id_map(grading: Path, ids: dict[str, str]) -> None:
+    """Which folder each id stands for, where the folder's name was outside the rule."""
+    renamed = {name: sid for name, sid in ids.items() if name != sid}
+    rows = [["student_id", "folder_name"]]
+    rows += [[sid, repr(name)] for name, sid in sorted(renamed.items(), key=lambda kv: kv[1])]
+    _write_atomically(grading / "student_ids.csv", csv_text(rows))
+
+
+def _write_csv(path: Path, outcomes: dict[tuple[str, str], dict], seed: int) -> None:
+    rows = [["assignment", "student", "test", "status", "points", "max_points", "message", "seed"]]
+    for (student, assignment_id), results in sorted(
+        outcomes.items(), key=lambda kv: (kv[0][1], kv[0][0])
+    ):
+        for cell, r in results.items():
+            first = r["message"].splitlines()[0] if r["message"] else ""
+            rows.append([assignment_id, student, cell, r["status"], r["points"], r["max_points"],
+                         first, seed])  # fmt: skip
+    _write_atomically(path, csv_text(rows))

@@ -1,21 +1,28 @@
 """Run learner code in the strongest isolation this machine offers, within limits.
 
-Layers, from always to where available:
+The sandbox holds nothing worth stealing: the worker runs from a staged copy of the few modules
+it may import (`WORKER_FILES`: the learner half of the checks, the codec, the device helpers
+and the course's data), never from the course's folder, and the references, the expected
+values, the hidden tests, the gradebook and the class stay outside it.
 
-1. A worker process per submission, in its own process group, that forks a child per exercise
-   with resource limits: address space (a memory bomb fails inside the child), processes (a
-   fork bomb stops at the cap), file size and CPU time. The grader kills the worker's group at
-   the wall-clock limit, so a loop that swallows every exception still ends.
-2. A scrubbed environment and an empty temporary working folder: no grader variables to detect.
-3. A control group per submission (where the grader may make one, e.g. as root): at most
-   ``processes`` processes and ``memory_mb`` for all it starts, and every one of them killed
-   when the worker stops, even those that left its process group.
-4. ``bwrap`` (bubblewrap): the file system read-only, the grading workspace and the course's
-   sources hidden behind empty folders, no network but loopback, no capabilities, its own
-   process ids (every process a job leaves behind is killed when the job ends). Without
-   bubblewrap, ``unshare --net`` still removes the network.
+Layers:
 
-What a department should add in production is written in the README's grader section.
+1. ``bwrap`` (bubblewrap), required unless the instructor says ``--unsafe``: a file system made
+   of an allow-list (the system's libraries, the interpreter, its site-packages and the staged
+   modules, all read-only; a size-capped ``/tmp`` and ``/dev/shm`` of its own), no network but
+   its own loopback, its own process ids, IPC objects and host name, its own user namespace
+   (``nobody`` inside) and no capabilities, even when the grader is root. Whatever a job
+   leaves running is killed and its files removed before the next job.
+2. A control group per submission where the grader may make one (as root): at most
+   ``processes`` processes and threads and ``memory_mb`` of resident memory for everything the
+   submission starts, its CPU time accounted, and every process killed when it stops.
+3. Per job: a fresh child of a warm worker with process limits (open files, file size, CPU
+   time), a wall-clock limit the grader enforces by killing the worker, and totals per
+   submission (wall time, CPU seconds, files and bytes written) checked while it runs.
+4. A scrubbed environment (nothing says "grader"), the interpreter in isolated mode (``-I``).
+
+Without bubblewrap (``--unsafe``), ``unshare --net`` still removes the network where it can; the
+other layers remain, but learner code runs as the grader's user and can read what it can read.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -36,14 +44,41 @@ from pathlib import Path
 
 from forge_course.grader import cgroup
 
+PACKAGE = Path(__file__).resolve().parents[1]
+# The only parts of forge_course a grading worker can import: none holds an answer (the loop
+# doctor is an instrument: it runs the learner's loop and names what it sees).
+WORKER_FILES = (
+    "__init__.py", "device.py", "data", "observe", "doctor", "sims/__init__.py",
+    "sims/display.py", "grader/__init__.py", "grader/worker.py", "grader/codec.py",
+)  # fmt: skip
+STAGE_IN_SANDBOX = "/opt/forge"
+NOBODY = 65534
+MAX_LINE = 32 * 2**20  # a reply line longer than this is cut (the worker caps its own output)
+# The staged copy first on the path, and no editable install's finder (which would map
+# forge_course to the course's folder) before the worker starts.
+BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; "
+    "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
+    "from forge_course.grader.worker import main; sys.exit(main(sys.argv[1:]))"
+)
+INSTALL_BWRAP = (
+    "bubblewrap is not installed, so learner code would run with the grader's rights. Install "
+    "it (Debian/Ubuntu: `sudo apt-get install bubblewrap`; Fedora: `sudo dnf install "
+    "bubblewrap`) or, on a machine you can afford to lose, pass --unsafe."
+)
+
 
 @dataclass(frozen=True)
 class Limits:
     seconds: float = 60.0  # wall clock for one exercise
     submission_seconds: float = 600.0  # wall clock for all of one submission's exercises
-    memory_mb: int = 4096  # address space; torch alone maps about 1.5 GB of it
-    processes: int = 64  # processes and threads a job may add (per sandbox user)
-    file_mb: int = 64
+    cpu_seconds: float = 300.0  # CPU time of every process of one submission, together
+    memory_mb: int = 4096  # resident memory of one submission (its control group)
+    processes: int = 64  # processes and threads a submission may have at once
+    file_mb: int = 64  # largest file one process may write
+    disk_mb: int = 256  # bytes in the sandbox's /tmp and /dev/shm, together with its files
+    files: int = 10_000  # files and folders in the sandbox's /tmp at once
+    open_files: int = 256  # file descriptors per process
     startup_seconds: float = 120.0  # the worker's own imports, not charged to the learner
 
 
@@ -55,6 +90,10 @@ class Outcome:
     status: str  # "finished", "timeout", "resource limit" or "crashed"
     detail: str = ""
     seconds: float = 0.0
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not start: the machine's fault, not the learner's. Stops the run."""
 
 
 def isolation() -> str:
@@ -73,43 +112,103 @@ def _works(command: list[str]) -> bool:
         return False
 
 
-def _tasks_of(uid: int) -> int:
-    """Processes and threads owned by ``uid`` now: what the kernel's process limit counts."""
+def stage(folder: Path) -> Path:
+    """Copy `WORKER_FILES` into ``folder/forge_course``: the worker's whole view of the course."""
+    target = folder / "forge_course"
+    for name in WORKER_FILES:
+        source = PACKAGE / name
+        if source.is_dir():
+            shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return folder
+
+
+def _bind_if_present(flag: str, path: str) -> list[str]:
+    return [flag, path, path] if os.path.lexists(path) else []
+
+
+def _system_mounts() -> list[str]:
+    """What any Python needs from the system: libraries, binaries and a few settings files."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        else:
+            args += _bind_if_present("--ro-bind", top)
+    for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime",
+                 "hosts", "nsswitch.conf", "passwd", "group", "matplotlibrc"):  # fmt: skip
+        args += _bind_if_present("--ro-bind", f"/etc/{name}")
+    return args
+
+
+def _python_mounts() -> list[str]:
+    """The interpreter, its standard library and its site-packages, read-only; an installed
+    (not editable) copy of forge_course there is hidden: the staged copy is the worker's."""
+    args = []
+    for prefix in sorted({sys.base_prefix, sys.prefix, sys.exec_prefix}):
+        if not prefix.startswith("/usr/"):
+            args += _bind_if_present("--ro-bind", prefix)
+    installed = Path(sysconfig.get_paths()["purelib"]) / "forge_course"
+    if installed.is_dir() and installed.resolve() != PACKAGE:
+        args += ["--tmpfs", str(installed)]
+    return args
+
+
+def _gpu_mounts() -> list[str]:
+    """NVIDIA's device nodes and driver files, where the machine has them (nothing else of /dev)."""
+    args = []
+    for node in sorted(Path("/dev").glob("nvidia*")):
+        args += ["--dev-bind", str(node), str(node)]
+    if args:
+        args += _bind_if_present("--ro-bind", "/proc/driver/nvidia")
+    return args
+
+
+def _command(stage_dir: Path, mode: str, limits: Limits, capped: bool) -> list[str]:
+    job_limits = {
+        "seconds": limits.seconds,
+        "processes": limits.processes if capped or os.geteuid() == 0 else _process_room(limits),
+        "file_mb": limits.file_mb,
+        "open_files": limits.open_files,
+        "files": limits.files,
+        "cpu_seconds": limits.cpu_seconds,
+        # Address space only where no control group caps resident memory and no GPU is
+        # visible: a CUDA context reserves far more address space than it uses.
+        "address_space_mb": 0 if capped or _gpu_mounts() else limits.memory_mb + 2048,
+    }
+    python = [sys.executable, "-I", "-c", BOOT]
+    if mode != "bubblewrap":
+        return _unsafe(python + [str(stage_dir), json.dumps(job_limits)], mode)
+    size = str(limits.disk_mb * 2**20)
+    command = ["bwrap", *_system_mounts(), *_python_mounts()]
+    command += ["--ro-bind", str(stage_dir), STAGE_IN_SANDBOX, "--ro-bind", "/sys", "/sys"]
+    command += ["--proc", "/proc", "--dev", "/dev", *_gpu_mounts()]  # GPU nodes after /dev
+    command += ["--size", size, "--tmpfs", "/tmp"]
+    command += ["--size", size, "--tmpfs", "/dev/shm", "--chdir", "/tmp"]
+    command += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+    # Its own user namespace, as "nobody" inside and with no capability outside it, even when
+    # the grader is root (the interpreter may live where only root can read, as under pyenv).
+    command += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL"]
+    return command + python + [STAGE_IN_SANDBOX, json.dumps(job_limits), "--own-pid-namespace"]
+
+
+def _unsafe(worker: list[str], mode: str) -> list[str]:
+    if mode == "network namespace":  # loopback starts down there: the worker brings it up
+        return ["unshare", "--net", *worker, "--loopback-up"]
+    return worker
+
+
+def _process_room(limits: Limits) -> int:
+    """The per-user process limit counts the grader's own processes too: allow for them."""
     count = 0
     for status in Path("/proc").glob("[0-9]*/status"):
         with contextlib.suppress(OSError, KeyError, ValueError):
             fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
-            if int(fields["Uid"].split()[0]) == uid:
+            if int(fields["Uid"].split()[0]) == os.getuid():
                 count += int(fields["Threads"])
-    return count
-
-
-def _command(workdir: Path, hidden: list[Path], mode: str, limits: Limits, capped: bool):
-    # The per-user process limit counts the grader's own processes too: allow for them, unless
-    # a control group already caps the sandbox (root is exempt from the per-user limit anyway).
-    own = 0 if capped or os.geteuid() == 0 else _tasks_of(os.getuid())
-    job_limits = {
-        "seconds": limits.seconds,
-        "memory_mb": limits.memory_mb,
-        "processes": limits.processes + own,
-        "file_mb": limits.file_mb,
-    }
-    worker = [sys.executable, "-m", "forge_course.grader.worker", json.dumps(job_limits)]
-    if mode == "bubblewrap":
-        # The whole file system read-only (the course and its venv may live anywhere, /tmp
-        # included), the worker's own folder writable, the grading files hidden below, and no
-        # capabilities, so a grader running as root cannot be undone by unmounting them.
-        command = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        command += ["--bind", str(workdir), str(workdir)]
-        for path in hidden:
-            if path.exists():
-                command += ["--tmpfs", str(path)]
-        command += ["--unshare-net", "--unshare-pid", "--die-with-parent", "--cap-drop", "ALL"]
-        command += ["--chdir", str(workdir)]
-        return command + worker + ["--own-pid-namespace"]
-    if mode == "network namespace":  # loopback starts down there: the worker brings it up
-        return ["unshare", "--net", *worker, "--loopback-up"]
-    return worker
+    return limits.processes + count
 
 
 def _start_in(groups: list[Path]):
@@ -120,12 +219,12 @@ def _start_in(groups: list[Path]):
     return apply
 
 
-def _environment(workdir: Path) -> dict[str, str]:
-    keep = ("PATH", "LANG", "LC_ALL", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "FORGE_DEVICE")
+def _environment(home: str) -> dict[str, str]:
+    keep = ("PATH", "LANG", "LC_ALL", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "FORGE_DEVICE",
+            "CUDA_VISIBLE_DEVICES")  # fmt: skip
     env = {k: os.environ[k] for k in keep if k in os.environ}
-    src = str(Path(__file__).resolve().parents[2])
-    env.update(HOME=str(workdir), TMPDIR=str(workdir), PYTHONPATH=src, OMP_NUM_THREADS="1")
-    env["MPLBACKEND"] = "Agg"
+    env.update(HOME=home, TMPDIR=home, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    env["MPLCONFIGDIR"] = f"{home}/.matplotlib"
     return env
 
 
@@ -137,11 +236,13 @@ class Session:
     exercises are still graded. The time a worker spends starting is not charged to the learner.
     """
 
-    def __init__(self, limits: Limits, hidden: list[Path], mode: str | None = None):
-        self.limits, self.hidden, self.mode = limits, hidden, mode or isolation()
+    def __init__(self, limits: Limits, mode: str | None = None, stage_dir: Path | None = None):
+        self.limits, self.mode = limits, mode or isolation()
+        self._own_stage = None if stage_dir else tempfile.TemporaryDirectory(prefix="forge-stage-")
+        self.stage_dir = stage_dir or stage(Path(self._own_stage.name))
         self.spent = 0.0  # seconds of the submission's time limit used so far
         self.process: subprocess.Popen | None = None
-        self._workdir = tempfile.TemporaryDirectory(prefix="forge-")
+        self._home = tempfile.TemporaryDirectory(prefix="forge-")
         self._groups = cgroup.make(limits.processes, limits.memory_mb)
         self._hits = 0
         self._jobs = 0
@@ -152,106 +253,155 @@ class Session:
     def __exit__(self, *exc) -> None:
         self._stop()
         cgroup.remove(self._groups)
-        self._workdir.cleanup()
+        self._home.cleanup()
+        if self._own_stage:
+            self._own_stage.cleanup()
 
     def _start(self) -> None:
-        """Start a worker and wait until it is ready: a failure here is the grader's, not the
-        learner's, so it stops the run instead of scoring anything."""
-        workdir = Path(self._workdir.name)
+        """Start a worker and wait until it is ready: a failure here is the machine's, not the
+        learner's, so it stops the run with what the sandbox said."""
+        home = "/tmp" if self.mode == "bubblewrap" else self._home.name
+        command = _command(self.stage_dir, self.mode, self.limits, bool(self._groups))
         self.process = subprocess.Popen(
-            _command(workdir, self.hidden, self.mode, self.limits, bool(self._groups)),
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=workdir,
-            env=_environment(workdir),
+            stderr=subprocess.PIPE,
+            cwd=self._home.name,
+            env=_environment(home),
             preexec_fn=_start_in(self._groups),
             text=True,
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
+        self._errors: list[str] = []
         threading.Thread(target=self._read, args=(self.process, self._lines), daemon=True).start()
+        threading.Thread(target=self._read_errors, args=(self.process,), daemon=True).start()
         try:
             ready = self._lines.get(timeout=self.limits.startup_seconds)
         except queue.Empty:
             ready = None
-        if not (ready and json.loads(ready).get("ready")):
+        if not (ready and ready.startswith('{"ready": true}')):
             self._stop()
-            raise RuntimeError(f"the grading worker did not start ({' '.join(self.process.args)})")
+            said = "".join(self._errors[-20:]).strip() or "nothing"
+            raise SandboxError(f"the grading sandbox did not start ({self.mode}); it said: {said}")
 
     @staticmethod
     def _read(process: subprocess.Popen, lines: queue.Queue) -> None:
         for line in process.stdout:
-            lines.put(line)
+            lines.put(line[:MAX_LINE])
         lines.put(None)
+
+    def _read_errors(self, process: subprocess.Popen) -> None:
+        for line in process.stderr:  # kept only to explain a worker that did not start
+            if len(self._errors) < 200:
+                self._errors.append(line[:1000])
 
     def _stop(self) -> None:
         if self.process is not None:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             cgroup.kill(self._groups)  # and whatever left the group with setsid
             self.process.wait()
             self.process = None
 
+    def _cpu_over(self) -> bool:
+        used = cgroup.cpu_seconds(self._groups)
+        return used is not None and used > self.limits.cpu_seconds
+
     def run(self, job: dict) -> Outcome:
-        """Run one job within the exercise's and the submission's time limits."""
+        """Run one job within the exercise's and the submission's limits."""
         left = self.limits.submission_seconds - self.spent
         if left <= 0:
             detail = f"the submission's {self.limits.submission_seconds:g} s were used up"
             return Outcome([], "timeout", detail)
+        if self._cpu_over():
+            return Outcome([], "resource limit", self._cpu_detail())
         if self.process is None:
             self._start()
         budget = min(self.limits.seconds, left)
         self._jobs += 1
         job = {**job, "id": self._jobs}
         start = time.monotonic()
-        reply = None
+        reply, cpu_over = None, False
         try:
             self.process.stdin.write(json.dumps(job) + "\n")
             self.process.stdin.flush()
             while reply is None or reply.get("id") != job["id"]:
-                line = self._lines.get(timeout=max(0.0, start + budget - time.monotonic()))
+                wait = min(0.5, start + budget - time.monotonic())
+                if wait <= 0:
+                    break
+                try:
+                    line = self._lines.get(timeout=wait)
+                except queue.Empty:
+                    if cpu_over := self._cpu_over():
+                        break
+                    continue
                 if line is None:
                     break  # the worker itself is gone
-                reply = json.loads(line)
-        except queue.Empty:
-            reply = None
-        except BrokenPipeError:
+                reply = _reply(line)
+        except (BrokenPipeError, OSError):
             reply = None
         seconds = time.monotonic() - start
         self.spent += seconds
         if reply is None or reply.get("id") != job["id"]:
             self._stop()  # whatever it sent before it was stopped proves nothing
+            if cpu_over:
+                return Outcome([], "resource limit", self._cpu_detail(), seconds)
             outcome = Outcome([], "timeout", f"stopped after {budget:g} s", seconds)
             if seconds < budget:
                 outcome = Outcome([], "crashed", "the grading worker ended", seconds)
         else:
             messages = _messages(reply["output"])
             outcome = Outcome(messages, "finished", "", seconds)
-            if not any(m.get("done") for m in messages):
+            if reply.get("limit"):
+                outcome = Outcome(messages, "resource limit", reply["limit"], seconds)
+            elif not any(m.get("done") for m in messages):
                 outcome = Outcome(messages, *_why_it_died(reply["exit"], messages), seconds)
         hits, self._hits = self._hits, cgroup.limit_hits(self._groups)
         if self._hits > hits:  # the sandbox's process or memory cap refused something
-            detail = "the submission went over its process or memory cap"
+            detail = (
+                f"the submission went over its cap of {self.limits.processes} processes "
+                f"and threads or {self.limits.memory_mb} MB of memory"
+            )
             return Outcome(outcome.messages, "resource limit", detail, seconds)
         return outcome
 
+    def _cpu_detail(self) -> str:
+        return f"CPU time: the submission used more than {self.limits.cpu_seconds:g} CPU-seconds"
+
+
+def run(job: dict, limits: Limits, mode: str | None = None) -> Outcome:
+    """Run one job in a sandbox of its own."""
+    with Session(limits, mode) as box:
+        return box.run(job)
+
+
+def _reply(line: str) -> dict | None:
+    """The worker's answer line, checked for shape: anything else is not an answer."""
+    try:
+        reply = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(reply, dict) or not isinstance(reply.get("id"), int):
+        return None
+    if not isinstance(reply.get("output"), str) or not isinstance(reply.get("exit"), int):
+        return None
+    if not isinstance(reply.get("limit", ""), str):
+        return None
+    return reply
+
 
 def _messages(output: str) -> list[dict]:
+    """The job's lines that parse as JSON objects (the grader checks each one's shape)."""
     messages = []
     for line in output.splitlines():
         try:
             message = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue  # a stray write to the channel: ignored, it cannot forge a verdict
         if isinstance(message, dict):
             messages.append(message)
     return messages
-
-
-def run(job: dict, limits: Limits, hidden: list[Path], mode: str | None = None) -> Outcome:
-    """Run one job in a sandbox of its own."""
-    with Session(limits, hidden, mode) as box:
-        return box.run(job)
 
 
 def _why_it_died(code: int, messages: list[dict]) -> tuple[str, str]:

@@ -1,22 +1,31 @@
 """Grade one submission: every test cell ends with a status, points and a message.
 
 Statuses: ``graded`` (full points), ``wrong``, ``timeout``, ``resource limit``, ``crashed``,
-``tampered``, ``malformed`` and ``missing``. Only ``graded`` earns points, and every other status
-says why, so no zero is silent.
+``tampered``, ``malformed``, ``missing`` and ``grader error``. Only ``graded`` earns points, and
+every other status says why, so no zero is silent.
+
+Everything that comes back from a worker was within reach of learner code, so each message is
+checked against the shape the worker writes (`_Reading`): one result per case, nothing after
+``done``, nothing unknown. A line the worker never writes is evidence of tampering.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import json
+import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import nbformat
-
 from forge_course.grader import codec, sandbox, tamper
 from forge_course.grader.assignment import Assignment
-from forge_course.grading.core import Mistake
+from forge_course.grading.core import Mistake, clean_room
+
+MAX_NOTEBOOK_BYTES = 8 * 2**20  # a chapter's submission is well under 1 MB
+MAX_CELLS = 2000
+MAX_CELL_CHARS = 200_000
+MAX_MESSAGE = 2000  # characters of a message kept in the ledger, feedback and CSV
 
 
 @dataclass(frozen=True)
@@ -27,17 +36,56 @@ class CellResult:
     message: str = ""
 
 
+def clean_text(text: object, limit: int = MAX_MESSAGE) -> str:
+    """``text`` as valid, printable Unicode of at most ``limit`` characters: lone surrogates and
+    control characters (but newline and tab) replaced, so no writer downstream can fail on it."""
+    text = str(text).encode("utf-8", "replace").decode("utf-8")
+    text = "".join(
+        c if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cs") else "\ufffd"
+        for c in text[: limit + 1]
+    )
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def fingerprint(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _answers(nb: nbformat.NotebookNode) -> dict[str, str]:
-    """Solution cells of the submission by grade id (the last one wins if duplicated)."""
+def read_notebook(path: Path) -> dict[str, str]:
+    """Solution cells of a submitted notebook by grade id (the last one wins if duplicated).
+
+    Raises ``ValueError`` with a reason for anything that is not a notebook within bounds.
+    """
+    if path.is_symlink():
+        raise ValueError("the notebook is a symbolic link, not a file")
+    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"the notebook is larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
+    try:
+        nb = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"the notebook is not valid JSON ({type(err).__name__})") from None
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list):
+        raise ValueError("the notebook has no list of cells")
+    if len(cells) > MAX_CELLS:
+        raise ValueError(f"the notebook has more than {MAX_CELLS} cells")
     found = {}
-    for cell in nb.cells:
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if cell.get("cell_type") == "code" and grade_id:
-            found[grade_id] = cell.get("source", "")
+    for cell in cells:
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        meta = cell.get("metadata")
+        nbgrader = meta.get("nbgrader") if isinstance(meta, dict) else None
+        grade_id = nbgrader.get("grade_id") if isinstance(nbgrader, dict) else None
+        if not isinstance(grade_id, str):
+            continue
+        source = cell.get("source", "")
+        if isinstance(source, list) and all(isinstance(s, str) for s in source):
+            source = "".join(source)
+        if not isinstance(source, str):
+            raise ValueError(f"the cell {clean_text(grade_id, 80)} has no text as its source")
+        if len(source) > MAX_CELL_CHARS:
+            raise ValueError(f"the cell {clean_text(grade_id, 80)} is too long")
+        found[grade_id] = source
     return found
 
 
@@ -46,84 +94,150 @@ def _all_of(assignment: Assignment, cells: list[str], status: str, message: str)
 
 
 def grade_notebook(
-    assignment: Assignment, path: Path | None, limits: sandbox.Limits, hidden: list[Path]
+    assignment: Assignment,
+    path: Path | None,
+    limits: sandbox.Limits,
+    stage_dir: Path,
+    mode: str,
+    seed: int,
 ) -> dict[str, CellResult]:
     """Results for every graded cell of ``assignment`` from the notebook at ``path``."""
     tests = list(assignment.test_points)
     if path is None:
         return _all_of(assignment, tests, "missing", "No notebook for this assignment was found.")
     try:
-        nb = nbformat.read(path, as_version=4)
-        answers = _answers(nb)
-    except Exception as err:  # noqa: BLE001  (any unreadable file is malformed, nothing else)
-        return _all_of(assignment, tests, "malformed", f"The notebook cannot be read: {err}")
+        answers = read_notebook(path)
+    except (ValueError, OSError) as err:
+        return _all_of(assignment, tests, "malformed", f"The notebook cannot be graded: {err}")
     results: dict[str, CellResult] = {}
-    with sandbox.Session(limits, hidden) as box:  # one warm worker for the whole submission
+    with sandbox.Session(limits, mode, stage_dir) as box:  # one warm worker per submission
         for solution_id, records in assignment.exercises.items():
             test = assignment.test_for(solution_id)
-            for index, exercise in records:  # every record must pass: reference, then oracles
-                results[test] = _grade_exercise(
-                    assignment, index, exercise, answers.get(solution_id), test, box
-                )
+            for exercise in records:  # every record must pass: reference, then oracles
+                job = _Job(assignment, exercise, answers.get(solution_id), test, seed)
+                results[test] = job.grade(box)
                 if results[test].status != "graded":
                     break
-        results.update(_grade_questions(assignment, answers, box))
+        results.update(_grade_questions(assignment, answers, box, seed))
     return {t: results.get(t, CellResult("missing", 0.0, assignment.test_points[t])) for t in tests}
 
 
-def _grade_exercise(assignment, index, exercise, answer, test, box) -> CellResult:
-    top = assignment.test_points[test]
-    if answer is None:
-        return CellResult("missing", 0.0, top, f"The answer cell {exercise.grade_id} is missing.")
-    reasons = tamper.findings(answer)
-    if reasons:
-        return CellResult("tampered", 0.0, top, "Not graded: your answer " + "; ".join(reasons))
-    cases = exercise.cases(False) + exercise.cases(True)
-    job = {
-        "prelude": assignment.prelude,
-        "answer": answer,
-        "exercise": {"module": assignment.module, "index": index},
-        "cases": cases,
-    }
-    outcome = box.run(job)
-    if patched := _patched(outcome):
-        return CellResult("tampered", 0.0, top, patched)
-    ran = next((m for m in outcome.messages if "ran" in m or "error" in m), {})
-    if outcome.status != "finished":
-        # Whatever it sent before it was stopped proves nothing: it could have been forged.
-        return CellResult(outcome.status, 0.0, top, _limit_message(outcome, ran))
-    # The worker writes each case's result after the learner's call returns, so the last
-    # message for a case is the worker's own, even if learner code wrote lines before it.
-    by_case = {m["case"]: m for m in outcome.messages if "case" in m}
-    for i, case in enumerate(cases):
-        message = by_case.get(i)
+class _Reading:
+    """A job's messages, checked against the sequence the worker writes."""
+
+    def __init__(self, outcome: sandbox.Outcome, cases: int):
+        self.outcome = outcome
+        self.tampered: list[str] = []
+        self.ran: dict = {}
+        self.setup_error = ""
+        self.by_case: dict[int, dict] = {}
+        self.variables: dict | None = None
+        self.odd = ""
+        done = False
+        for m in outcome.messages:
+            if "tampered" in m:
+                names = m["tampered"] if isinstance(m["tampered"], list) else [m["tampered"]]
+                self.tampered += [clean_text(n, 200) for n in names[:20]]
+                continue
+            if done:
+                self.odd = "a line after the worker's last"
+            elif _shape(m, "ran", bool) or _shape(m, "error", str):
+                self.odd = self.odd or ("a second report of the cell" if self.ran else "")
+                self.ran = m
+            elif _shape(m, "setup_error", str):
+                self.setup_error = m["setup_error"]
+            elif set(m) in ({"case", "observation"}, {"case", "mistake"}) and (
+                type(m["case"]) is int and 0 <= m["case"] < cases
+            ):
+                if m["case"] in self.by_case:
+                    self.odd = "two results for one case"
+                self.by_case[m["case"]] = m
+            elif _shape(m, "variables", dict) and self.variables is None:
+                self.variables = m["variables"]
+            elif m == {"done": True}:
+                done = True
+            else:
+                self.odd = "a line the worker never writes"
+        if self.odd:
+            self.tampered.append(f"the channel to the grader holds {self.odd}")
+
+
+def _shape(message: dict, key: str, kind: type) -> bool:
+    return set(message) == {key} and isinstance(message[key], kind)
+
+
+class _Job:
+    """One exercise of one submission: run the learner half in the sandbox, judge here."""
+
+    def __init__(self, assignment, exercise, answer, test, seed):
+        self.assignment, self.exercise, self.answer, self.test = assignment, exercise, answer, test
+        self.top = assignment.test_points[test]
+        self.seed = seed
+
+    def result(self, status: str, message: str) -> CellResult:
+        points = self.top if status == "graded" else 0.0
+        return CellResult(status, points, self.top, clean_text(message))
+
+    def grade(self, box: sandbox.Session) -> CellResult:
+        exercise = self.exercise
+        if self.answer is None:
+            return self.result("missing", f"The answer cell {exercise.grade_id} is missing.")
+        reasons = tamper.findings(self.answer)
+        if reasons:
+            return self.result("tampered", "Not graded: your answer " + "; ".join(reasons))
+        cases = exercise.cases(False) + exercise.cases(True)
+        job = {
+            "prelude": self.assignment.prelude,
+            "answer": self.answer,
+            "observer": exercise.observer,
+            "function": exercise.function,
+            "cases": cases,
+            "seed": self.seed,
+        }
+        reading = _Reading(box.run(job), len(cases))
+        if reading.tampered:
+            return self.result("tampered", _tamper_message(reading.tampered))
+        if reading.setup_error:
+            message = f"The chapter's set-up cell failed in the grader: {reading.setup_error}"
+            return self.result("grader error", message)
+        if reading.outcome.status != "finished":
+            # Whatever it sent before it was stopped proves nothing: it could have been forged.
+            return self.result(reading.outcome.status, _limit_message(reading.outcome))
+        for i, case in enumerate(cases):
+            verdict = self._judge(i, case, reading)
+            if verdict is not None:
+                return verdict
+        return self.result("graded", "")
+
+    def _judge(self, i: int, case: dict, reading: _Reading) -> CellResult | None:
+        message = reading.by_case.get(i)
         if message is None:
-            return CellResult("crashed", 0.0, top, "The worker sent no result for a case.")
+            return self.result("crashed", "The worker sent no result for a case.")
         if "mistake" in message:
-            if "MemoryError" in message["mistake"]:
-                return CellResult("resource limit", 0.0, top, "Your code ran out of memory.")
-            if "BlockingIOError" in message["mistake"]:  # fork refused: the process cap
-                return CellResult(
-                    "resource limit", 0.0, top, "Your code started too many processes."
-                )
-            return CellResult("wrong", 0.0, top, _with_cell_error(message["mistake"], ran))
+            text = str(message["mistake"])
+            if "MemoryError" in text:
+                return self.result("resource limit", "Your code ran out of memory.")
+            if "BlockingIOError" in text:  # fork refused: the process cap
+                return self.result("resource limit", "Your code started too many processes.")
+            if "[Errno 24]" in text:  # the per-process cap on open files
+                return self.result("resource limit", "Your code opened too many files at once.")
+            if not text.startswith(f"[{self.exercise.grade_id}]"):
+                text = f"[{self.exercise.grade_id}] {text}"
+            return self.result("wrong", _with_cell_error(text, reading.ran))
         try:
             observed = codec.from_plain(message["observation"])
-        except Exception as err:  # noqa: BLE001  (only forged lines can be malformed)
-            return CellResult("wrong", 0.0, top, f"What your code returned is unreadable: {err}")
+        except ValueError as err:
+            return self.result("wrong", f"What your code returned is unreadable: {err}")
         try:
-            exercise.judge(case, observed)
+            self.exercise.judge(case, observed)
         except Mistake as mistake:
-            return CellResult("wrong", 0.0, top, str(mistake))
-    return CellResult("graded", top, top, "")
+            return self.result("wrong", str(mistake))
+        return None
 
 
-def _patched(outcome: sandbox.Outcome) -> str:
-    """The worker's report that learner code replaced what the grading relies on, if any."""
-    names = next((m["tampered"] for m in outcome.messages if "tampered" in m), None)
-    if not names:
-        return ""
-    return "Not graded: while it ran, your code replaced " + ", ".join(f"`{n}`" for n in names)
+def _tamper_message(names: list[str]) -> str:
+    listed = ", ".join(f"`{n}`" for n in dict.fromkeys(names))
+    return f"Not graded: while it ran, your code tampered with the check: {listed}"
 
 
 def _with_cell_error(text: str, ran: dict) -> str:
@@ -132,33 +246,36 @@ def _with_cell_error(text: str, ran: dict) -> str:
     return text
 
 
-def _limit_message(outcome: sandbox.Outcome, ran: dict) -> str:
+def _limit_message(outcome: sandbox.Outcome) -> str:
     what = {
         "timeout": "Your code did not finish within the time limit",
-        "resource limit": "Your code went over the memory or process limit",
+        "resource limit": "Your code went over a limit of the sandbox",
         "crashed": "Your code ended the worker process",
-    }[outcome.status]
+    }.get(outcome.status, "Your code could not be graded")
     return f"{what} ({outcome.detail})."
 
 
-def _question_values(answer, names, box) -> tuple[str, str, dict]:
-    """(status, message, plain values) of one question cell, run alone in a worker."""
+def _question_values(assignment, answer, names, box, seed) -> tuple[str, str, dict]:
+    """(status, message, plain values) of one question cell, run after the set-up cell."""
     if answer is None:
         return "missing", "The answer cell of these questions is missing.", {}
     reasons = tamper.findings(answer)
     if reasons:
         return "tampered", "Not graded: your answer " + "; ".join(reasons), {}
-    outcome = box.run({"prelude": "", "answer": answer, "variables": names})
-    if patched := _patched(outcome):
-        return "tampered", patched, {}
-    if outcome.status != "finished":
-        return outcome.status, _limit_message(outcome, {}), {}
-    sent = next((m["variables"] for m in outcome.messages if "variables" in m), None)
+    job = {"prelude": assignment.prelude, "answer": answer, "variables": names, "seed": seed}
+    reading = _Reading(box.run(job), 0)
+    if reading.tampered:
+        return "tampered", _tamper_message(reading.tampered), {}
+    if reading.setup_error:
+        return "grader error", f"The set-up cell failed: {reading.setup_error}", {}
+    if reading.outcome.status != "finished":
+        return reading.outcome.status, _limit_message(reading.outcome), {}
+    sent = reading.variables
     if sent is None:
         return "crashed", "The worker sent no answers back.", {}
     try:
-        return "finished", "", {n: codec.from_plain(v) for n, v in sent.items()}
-    except Exception as err:  # noqa: BLE001  (only forged lines can be malformed)
+        return "finished", "", {n: codec.from_plain(sent.get(n)) for n in names}
+    except ValueError as err:
         return "wrong", f"Your answers are unreadable: {err}", {}
 
 
@@ -166,10 +283,10 @@ def _names_used(source: str) -> set[str]:
     return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
 
 
-def _grade_questions(assignment, answers, box) -> dict[str, CellResult]:
-    """Each question cell runs in its own worker; each question's test code runs here."""
+def _grade_questions(assignment, answers, box, seed) -> dict[str, CellResult]:
+    """Each question cell runs in the sandbox; each question's test code runs here."""
     cells = {
-        cell: (names, _question_values(answers.get(cell), names, box))
+        cell: (names, _question_values(assignment, answers.get(cell), names, box, seed))
         for cell, names in assignment.question_cells.items()
     }
     results = {}
@@ -179,18 +296,21 @@ def _grade_questions(assignment, answers, box) -> dict[str, CellResult]:
         mine = [outcome for names, outcome in cells.values() if used & set(names)]
         failed = next((o for o in mine if o[0] != "finished"), None)
         if failed:
-            results[test] = CellResult(failed[0], 0.0, top, failed[1])
+            results[test] = CellResult(failed[0], 0.0, top, clean_text(failed[1]))
             continue
         values = {k: v for _, _, found in mine for k, v in found.items()}
         # The instructor's test code runs here, after the instructor's set-up cell, on plain
         # values only: it never sees learner code.
-        scope = {**assignment.settings(), **values}
         try:
-            exec(compile(code, f"<{test}>", "exec"), scope)
+            with clean_room():
+                scope = {**assignment.settings(), **values}
+                exec(compile(code, f"<{test}>", "exec"), scope)
         except Mistake as mistake:
-            results[test] = CellResult("wrong", 0.0, top, str(mistake))
+            results[test] = CellResult("wrong", 0.0, top, clean_text(mistake))
         except Exception as err:  # noqa: BLE001
-            results[test] = CellResult("wrong", 0.0, top, f"[{test}] {type(err).__name__}: {err}")
+            results[test] = CellResult(
+                "wrong", 0.0, top, clean_text(f"[{test}] {type(err).__name__}: {err}")
+            )
         else:
             results[test] = CellResult("graded", top, top, "")
     return results

@@ -1,10 +1,9 @@
-"""Static checks on an answer cell: the shortcuts and tampering a grader must not reward.
+"""Static checks on an answer cell: the shortcuts and tampering visible in its source.
 
-A submission's code runs in an isolated worker, so it cannot touch the grader's own process.
-What it can still try is to change the rules inside the worker: import the reference and call
-it, patch torch so comparisons always agree, install trace hooks or IPython transformers,
-detect the grader, exit the interpreter, or open connections. Each of these is visible in the
-source, so the grader reads the cell's syntax tree before running it and names what it found.
+This is a way to name the obvious in feedback ("your answer patches `torch.allclose`"), not the
+wall. The wall is elsewhere: the sandbox holds no reference or expected value to reach, the
+worker's audit hook refuses memory searches, trace hooks and native libraries however they
+are spelled, and the grader checks every line the worker sends.
 """
 
 from __future__ import annotations

@@ -1,25 +1,32 @@
-"""The isolated worker: a warm fork server that runs each exercise's answer in a fresh child.
+"""The grading worker: a warm process that runs each exercise's answer in a fresh child.
 
-Started by `forge_course.grader.sandbox` once per submission, inside the sandbox. It pays for
-``import torch`` once, then reads jobs as JSON lines on stdin:
+Started by `forge_course.grader.sandbox` once per submission, inside the sandbox, from a staged
+copy of the few modules it may import (`sandbox.WORKER_FILES`): the learner half of the checks
+(`forge_course.observe`), the codec, the device helpers and the course's data. It never holds a
+reference, an expected value, a known mistake or a hidden test: those stay in the grader.
+
+It pays for ``import torch`` once (without initialising CUDA, so that forking stays safe), then
+reads jobs as JSON lines on stdin:
 
     {"id": 3,
      "prelude": "<the chapter's set-up cell, from the instructor's copy>",
      "answer": "<the learner's answer cell>",
-     "exercise": {"module": "forge_course.grading.ch04", "index": 1},
+     "observer": {"module": "forge_course.observe.ch04", "name": "observe_train_step"},
      "cases": [<plain-data cases chosen by the grader>],
-     "variables": ["grad_multiple", ...]}
+     "variables": ["grad_multiple", ...],
+     "seed": 1234}
 
-For each job it runs the instructor's set-up cell itself (once per distinct cell), then forks a
-child with the job's limits, which runs the learner's cell and calls the answer on each case,
+For each job it forks a child with the job's limits, which seeds every generator from the job,
+runs the set-up cell, installs an audit hook, runs the learner's cell and observes each case,
 writing ``{"ran": true}`` or ``{"error": ...}``, one ``{"case": i, "observation": ...}`` or
 ``{"case": i, "mistake": ...}`` per case, the requested ``{"variables": {...}}`` and
 ``{"done": true}`` to a pipe of its own. When the child has exited and every process it left
 behind is killed, the server answers ``{"id": 3, "output": "<the pipe's text>", "exit": code}``.
 The verdict is reached by the grader, never here.
 
-The server's answer line goes out on a descriptor the child closes, and the server makes itself
-non-dumpable, so learner code can neither write to it nor read it through ``/proc``.
+What learner code does that the audit hook refuses (memory searches, trace hooks, native
+libraries loaded by name) is written to the pipe at once as ``{"tampered": [...]}``, before the
+refusal is raised, so no later code can take it back.
 """
 
 from __future__ import annotations
@@ -29,14 +36,43 @@ import ctypes
 import importlib
 import json
 import os
+import random
 import resource
+import shutil
 import signal
 import sys
 import tempfile
 import threading
+import time
 
 PR_SET_DUMPABLE = 4
 MAX_OUTPUT = 16 * 2**20  # bytes kept from one job's pipe; a flood is cut here
+OBSERVERS = "forge_course.observe."
+
+# Audit events that learner code has no business raising: each is a way to reach what the
+# check's own code holds (memory, frames of other threads, trace hooks) or to leave Python.
+REFUSED_EVENTS = {
+    "gc.get_objects": "searches the process's memory",
+    "gc.get_referrers": "searches the process's memory",
+    "gc.get_referents": "searches the process's memory",
+    "sys._current_frames": "reads other threads' frames",
+    "sys.settrace": "installs a trace hook",
+    "sys.setprofile": "installs a profile hook",
+    "sys.addaudithook": "installs an audit hook",
+    "ctypes.dlopen": "loads a native library",
+    "ctypes.dlsym": "looks up native functions",
+    "ctypes.dlsym/handle": "looks up native functions",
+    "ctypes.addressof": "reads raw memory addresses",
+    "ctypes.string_at": "reads raw memory",
+    "ctypes.wstring_at": "reads raw memory",
+    "ctypes.cdata": "reads raw memory",
+    "ctypes.cdata/buffer": "reads raw memory",
+    "sys.remote_exec": "runs code in another process",
+}
+# What learner code must leave alone: patching any of these could bend an observation.
+WATCHED_MODULES = ("builtins", "math", "json", "json.encoder", "numpy", "torch",
+                   "torch.nn.functional", "torch.testing", "torch.autograd", "torch.optim",
+                   "forge_course.grader.codec")  # fmt: skip
 
 
 def _not_dumpable() -> None:
@@ -45,19 +81,15 @@ def _not_dumpable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-# What learner code must leave alone: patching any of these could bend an observation.
-WATCHED_MODULES = ("builtins", "math", "json", "numpy", "torch", "torch.nn.functional",
-                   "torch.testing", "torch.autograd", "torch.optim")  # fmt: skip
-
-
 def _watched() -> dict[str, int]:
-    """The identity of every function and class the grading relies on, and of its code."""
-    owners = [(m, sys.modules[m]) for m in WATCHED_MODULES if m in sys.modules]
-    owners += [(m, mod) for m, mod in list(sys.modules.items()) if m.startswith("forge_course")]
+    """The identity of every function and class the observation relies on, and of its code."""
+    names = list(WATCHED_MODULES) + [m for m in sys.modules if m.startswith(OBSERVERS)]
+    owners = [(m, sys.modules[m]) for m in names if m in sys.modules]
     import torch
 
     owners += [("torch.Tensor", torch.Tensor), ("torch.nn.Module", torch.nn.Module),
-               ("torch.optim.Optimizer", torch.optim.Optimizer)]  # fmt: skip
+               ("torch.optim.Optimizer", torch.optim.Optimizer),
+               ("json.JSONEncoder", json.JSONEncoder)]  # fmt: skip
     seen = {}
     for name, owner in owners:
         if isinstance(owner, type):  # a new entry on a class shadows an inherited method
@@ -77,76 +109,111 @@ def _replaced(before: dict[str, int]) -> list[str]:
     return sorted({k.removesuffix(".__code__") for k, v in before.items() if after.get(k) != v})
 
 
-def _run_job(job: dict, namespace: dict, prelude_error: str | None, channel) -> None:
-    """In the child: run the learner's cell, then the exercise's observations."""
-    from forge_course.grader.codec import to_plain
-    from forge_course.grading.core import Mistake
+def _install_audit_hook(write_now) -> None:
+    """Refuse `REFUSED_EVENTS` from here on; each refusal is reported before it is raised."""
+    refused, dumps = REFUSED_EVENTS, json.dumps
 
+    def hook(event: str, args: tuple) -> None:
+        if event in refused:
+            write_now(dumps({"tampered": [f"{event}: {refused[event]}"]}) + "\n")
+            raise RuntimeError(f"not allowed while grading: {refused[event]} ({event})")
+
+    sys.addaudithook(hook)
+
+
+def _seed(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _run_job(job: dict, write_fd: int) -> None:
+    """In the child: the set-up cell, the learner's cell, then the observations."""
+    from forge_course.grader.codec import to_plain
+    from forge_course.observe.common import Mistake
+
+    raw_write = os.write
+
+    def write_now(text: str) -> None:
+        data = text.encode("utf-8", "replace")
+        while data:
+            data = data[raw_write(write_fd, data) :]
+
+    _seed(int(job.get("seed", 0)))
+    namespace: dict = {"__name__": "__main__"}
+    observer = None
+    try:  # the instructor's cell: its output is not the learner's concern
+        with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115
+            exec(compile(job.get("prelude", ""), "<set-up cell>", "exec"), namespace)
+        spec = job.get("observer")
+        if spec:
+            observer = getattr(importlib.import_module(spec["module"]), spec["name"])
+    except BaseException as err:  # noqa: BLE001
+        write_now(json.dumps({"setup_error": f"{type(err).__name__}: {err}"}) + "\n")
+        return
     watched = _watched()
+    _install_audit_hook(write_now)
 
     def send(message: dict) -> None:
         replaced = _replaced(watched)
         if replaced:  # checked before every message: nothing is sent from a patched world
-            message = {"tampered": replaced}
-        channel.write(json.dumps(message, allow_nan=False) + "\n")
-        if replaced:
-            channel.flush()
+            write_now(json.dumps({"tampered": replaced}) + "\n")
             os._exit(0)
+        write_now(json.dumps(message, allow_nan=False) + "\n")
 
-    if prelude_error:
-        send({"error": prelude_error})
+    try:
+        exec(compile(job["answer"], "<your answer cell>", "exec"), namespace)
+    except BaseException as err:  # noqa: BLE001  (SystemExit included: report, do not obey)
+        send({"error": f"{type(err).__name__}: {err}"})
     else:
-        try:
-            exec(compile(job["answer"], "<your answer cell>", "exec"), namespace)
-        except BaseException as err:  # noqa: BLE001  (SystemExit included: report, do not obey)
-            send({"error": f"{type(err).__name__}: {err}"})
-        else:
-            send({"ran": True})
+        send({"ran": True})
 
-    spec = job.get("exercise")
-    if spec:
-        exercise = importlib.import_module(spec["module"]).EXERCISES[spec["index"]]
-        fn = namespace.get(exercise.function)
+    if observer is not None:
+        fn = namespace.get(job["function"])
         for i, case in enumerate(job["cases"]):
             try:
-                send({"case": i, "observation": to_plain(exercise.observe(fn, case))})
+                send({"case": i, "observation": to_plain(observer(fn, case))})
             except Mistake as mistake:
                 send({"case": i, "mistake": str(mistake)})
                 break  # one failed case decides the exercise; the rest would only cost time
             except BaseException as err:  # noqa: BLE001
-                send({"case": i, "mistake": f"[{exercise.grade_id}] {type(err).__name__}: {err}"})
+                send({"case": i, "mistake": f"{type(err).__name__}: {err}"})
                 break
     names = job.get("variables", [])
     if names:
         send({"variables": {n: to_plain(namespace.get(n)) for n in names}})
     send({"done": True})
-    channel.flush()
 
 
-def _child(job: dict, namespace, prelude_error, write_fd: int, reply_fd: int, limits: dict):
+def _child(job: dict, write_fd: int, reply_fd: int, limits: dict, workdir: str):
     """The forked child: limits on, every route to the server closed, then the job."""
     code = 0
     try:
         os.close(reply_fd)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # the next jobs arrive on stdin: not for the learner to read
-        memory = limits["memory_mb"] * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        if limits.get("address_space_mb"):  # only where no control group caps resident memory
+            memory = limits["address_space_mb"] * 2**20
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"],) * 2)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_mb"] * 2**20,) * 2)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
         cpu = int(limits["seconds"]) + 5
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
-        os.chdir(tempfile.mkdtemp(prefix=f"job-{job['id']}-", dir=os.getcwd()))
-        with os.fdopen(write_fd, "w", buffering=1) as channel:
-            _run_job(job, namespace, prelude_error, channel)
+        os.chdir(workdir)
+        _run_job(job, write_fd)
     except BaseException:  # noqa: BLE001  (whatever happens, never return into the server)
         code = 1
     finally:
         os._exit(code)
 
 
-def _reap(pid: int, read_fd: int, own_pid_namespace: bool) -> tuple[str, int]:
-    """Wait for the child, kill what it left behind, and return its pipe's text and exit code."""
+def _reap(pid: int, read_fd: int, watch: Watch) -> tuple[str, int, str]:
+    """Wait for the child, kill what it left behind, and return its pipe's text, exit code and
+    the submission limit it went over ("" when none)."""
     chunks: list[bytes] = []
 
     def drain() -> None:
@@ -158,11 +225,62 @@ def _reap(pid: int, read_fd: int, own_pid_namespace: bool) -> tuple[str, int]:
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    _, status = os.waitpid(pid, 0)
-    _kill_leftovers(own_pid_namespace)
+    status, over = watch.wait(pid)
+    _kill_leftovers(watch.own_pid_namespace)
     reader.join(timeout=2)  # a writer that escaped the kill cannot hold the answer back
     os.close(read_fd)
-    return b"".join(chunks).decode("utf-8", "replace"), os.waitstatus_to_exitcode(status)
+    output = b"".join(chunks).decode("utf-8", "replace")
+    return output, os.waitstatus_to_exitcode(status), over
+
+
+class Watch:
+    """The submission's totals, checked while a job runs: files and bytes in the sandbox's own
+    ``/tmp``, and CPU time of every process in its own process-id namespace (elsewhere the
+    grader's control group accounts CPU time, and the grader checks it)."""
+
+    def __init__(self, limits: dict, scratch: str, own_pid_namespace: bool):
+        self.limits, self.scratch, self.own_pid_namespace = limits, scratch, own_pid_namespace
+        self.cpu_done = 0.0  # CPU seconds of the jobs that have ended
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def wait(self, pid: int) -> tuple[int, str]:
+        pause = 0.002
+        while True:
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if done:
+                self.cpu_done += usage.ru_utime + usage.ru_stime
+                return status, ""
+            over = self.over()
+            if over:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                _, status, usage = os.wait4(pid, 0)
+                self.cpu_done += usage.ru_utime + usage.ru_stime
+                return status, over
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+    def over(self) -> str:
+        if not self.own_pid_namespace:
+            return ""
+        with contextlib.suppress(OSError):
+            fs = os.statvfs(self.scratch)
+            if fs.f_files - fs.f_ffree > self.limits["files"]:
+                return f"files: more than {self.limits['files']} files and folders written"
+        cpu = self.cpu_done + self._cpu_running()
+        if cpu > self.limits["cpu_seconds"]:
+            return f"CPU time: more than {self.limits['cpu_seconds']:g} CPU-seconds used"
+        return ""
+
+    def _cpu_running(self) -> float:
+        ticks = 0
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in (1, os.getpid()):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    with open(f"/proc/{entry}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / self.tick
 
 
 def _kill_leftovers(own_pid_namespace: bool) -> None:
@@ -178,40 +296,59 @@ def _kill_leftovers(own_pid_namespace: bool) -> None:
                 os.kill(int(entry), signal.SIGKILL)
 
 
+def _clear(folder: str) -> None:
+    """Empty a folder the jobs could write to, so the next job finds nothing of this one."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
 def serve(limits: dict, own_pid_namespace: bool) -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed goes to stderr, never to the grader's channel
     sys.stdout = sys.stderr
     _not_dumpable()
-    import torch  # the expensive imports, paid once per submission
+    import matplotlib  # the expensive imports, paid once per submission; none touches CUDA
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+    import numpy  # noqa: F401
+    import torch
     import torch._dynamo  # noqa: F401  (an optimizer imports it; it rewraps torch functions)
 
     import forge_course.grader.codec  # noqa: F401
-    import forge_course.grading.core  # noqa: F401
+    import forge_course.observe.common  # noqa: F401
 
+    scratch = tempfile.gettempdir()
+    watch = Watch(limits, scratch, own_pid_namespace)
     reply.write(json.dumps({"ready": True}) + "\n")
-    preludes: dict[str, tuple[dict, str | None]] = {}
     for line in sys.stdin:
         job = json.loads(line)
-        if job.get("exercise"):
-            importlib.import_module(job["exercise"]["module"])
-        prelude = job.get("prelude", "")
-        if prelude not in preludes:
-            namespace: dict = {"__name__": "__main__"}
-            try:  # the instructor's cell: run once here, inherited by every child
-                exec(compile(prelude, "<set-up cell>", "exec"), namespace)
-                preludes[prelude] = (namespace, None)
-            except BaseException as err:  # noqa: BLE001
-                preludes[prelude] = (namespace, f"{type(err).__name__}: {err}")
-        namespace, error = preludes[prelude]
+        spec = job.get("observer")
+        if spec:
+            if not spec["module"].startswith(OBSERVERS):
+                raise SystemExit(f"refusing to import {spec['module']!r}")
+            importlib.import_module(spec["module"])
+        # Forking after CUDA is initialised breaks the child: the set-up cell runs in the child.
+        if torch.cuda.is_initialized():
+            raise SystemExit("CUDA was initialised in the grading server")
+        workdir = tempfile.mkdtemp(prefix=f"job-{job['id']}-", dir=scratch)
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(read_fd)
-            _child(job, namespace, error, write_fd, reply.fileno(), limits)
+            _child(job, write_fd, reply.fileno(), limits, workdir)
         os.close(write_fd)
-        output, code = _reap(pid, read_fd, own_pid_namespace)
-        reply.write(json.dumps({"id": job["id"], "output": output, "exit": code}) + "\n")
+        output, code, over = _reap(pid, read_fd, watch)
+        _clear(scratch)
+        if own_pid_namespace:  # the sandbox's own /dev/shm (elsewhere it is the machine's)
+            _clear("/dev/shm")
+        answer = {"id": job["id"], "output": output, "exit": code, "limit": over}
+        reply.write(json.dumps(answer) + "\n")
     return 0
 
 

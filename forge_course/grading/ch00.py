@@ -7,36 +7,34 @@ Exercises:
     ch00_update_schedule: ``update_schedule(dataset_size, batch_size, accum_steps,
         drop_last=False)``, one ``(size, steps)`` pair per micro-batch of an epoch, as
         `forge_course.reference.schedule.update_schedule`.
-Questions (checked in the notebook with ``check_number`` and ``check_choice``):
+Questions (checked in the notebook with this module's `check_number`, which takes NumPy
+numbers as well as Python's, and ``check_choice``):
     ch00_q_iterations, ch00_q_updates, ch00_q_scheduler.
 
 Each exercise has two records: one compares with the reference, the other (hidden tests only)
 with what a real ``DataLoader`` does, counted by walking it with the correct accumulation loop.
+The learner's half, which calls the answer, is `forge_course.observe.ch00`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import random
-from collections.abc import Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from forge_course.grading.core import Exercise, Mistake, call_answer, grading_seed
-from forge_course.reference import arithmetic, schedule
-
-ARITHMETIC_KEYS = (
-    "iters_per_epoch",
-    "last_batch_size",
-    "micro_steps",
-    "updates_per_epoch",
-    "total_updates",
-    "effective_batch_size",
-    "examples_seen",
+from forge_course.grading import core
+from forge_course.grading.core import Exercise, grading_seed
+from forge_course.observe.ch00 import (
+    ARITHMETIC_ID,
+    SCHEDULE_ID,
+    observe_training_arithmetic,
+    observe_update_schedule,
 )
+from forge_course.observe.ch00 import label as _label
+from forge_course.reference import arithmetic, schedule
 
 
 def _case(n: int, b: int, epochs: int = 1, k: int = 1, drop_last: bool = False) -> dict:
@@ -47,16 +45,6 @@ def _case(n: int, b: int, epochs: int = 1, k: int = 1, drop_last: bool = False) 
         "accum_steps": k,
         "drop_last": drop_last,
     }
-
-
-def _label(case: dict) -> str:
-    epochs = ""
-    if "epochs" in case:
-        epochs = f", {case['epochs']} epoch{'s' if case['epochs'] > 1 else ''}"
-    return (
-        f"N={case['dataset_size']:,}, B={case['batch_size']}{epochs}, K={case['accum_steps']}, "
-        f"drop_last={case['drop_last']}"
-    )
 
 
 def _random_cases(rng: random.Random, count: int, max_n: int) -> list[dict]:
@@ -84,16 +72,7 @@ def _loader(dataset_size: int, batch_size: int, drop_last: bool) -> DataLoader:
     )
 
 
-def _whole(value):
-    """NumPy and other integer types as a plain int; anything else as it is."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
-        return int(value)
-    return value
-
-
 # ---------------------------------------------------------------- ch00_training_arithmetic
-
-ARITHMETIC_ID = "ch00_training_arithmetic"
 
 
 def training_arithmetic_cases(thorough: bool = False) -> list[dict]:
@@ -119,28 +98,6 @@ def training_arithmetic_cases(thorough: bool = False) -> list[dict]:
         ]
         cases += _random_cases(random.Random(grading_seed()), 8, max_n=3_000)
     return cases
-
-
-def observe_training_arithmetic(fn, case: dict) -> dict:
-    """Call ``fn`` with the case's five arguments; its dict, integer types made plain ints."""
-    out = call_answer(
-        ARITHMETIC_ID,
-        "training_arithmetic",
-        fn,
-        case["dataset_size"],
-        case["batch_size"],
-        case["epochs"],
-        case["accum_steps"],
-        case["drop_last"],
-        case=_label(case),
-    )
-    if not isinstance(out, dict):
-        raise Mistake(
-            ARITHMETIC_ID,
-            f"`training_arithmetic` should return a dict with the keys {list(ARITHMETIC_KEYS)}, "
-            f"but it returned {out!r:.80}.",
-        )
-    return {key: _whole(value) for key, value in out.items()}
 
 
 def count_on_a_dataloader(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
@@ -169,7 +126,9 @@ def count_on_a_dataloader(dataset_size, batch_size, epochs, accum_steps=1, drop_
 
 def _wrong_arithmetic(
     *,
+    floor_count=False,
     naive_tail=False,
+    updates_floor_n=False,
     last_is_remainder=False,
     ignore_drop_last=False,
     dropped_are_seen=False,
@@ -181,14 +140,17 @@ def _wrong_arithmetic(
     def wrong(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
         n, b, k = dataset_size, batch_size, accum_steps
         dropping = drop_last and not ignore_drop_last
-        iters = n // b if dropping else -(-n // b)
-        if dropping:
+        rounds_down = dropping or floor_count
+        iters = n // b if rounds_down else -(-n // b)
+        if rounds_down:
             last = b if iters else 0
         else:
             last = n % b if last_is_remainder else n - (iters - 1) * b
-        seen = iters * b if dropping and not dropped_are_seen else n
+        seen = iters * b if rounds_down and not dropped_are_seen else n
         if naive_tail:
             per_epoch = iters // k
+        elif updates_floor_n:
+            per_epoch = n // (b * k)
         elif updates_from_n:
             per_epoch = -(-n // (b * k))
         else:
@@ -213,6 +175,16 @@ ARITHMETIC_MISTAKES = [
         "also updates on the last, shorter group, so an epoch makes ceil(I / K) updates; a loop "
         "that steps only when `(i + 1) % K == 0` leaves that group's gradients in `.grad`.",
         _wrong_arithmetic(naive_tail=True),
+    ),
+    (
+        "`N // B` rounds down, and loses the partial last batch: without `drop_last` it is "
+        "still a micro-batch, so an epoch has I = ceil(N / B) of them, not N // B.",
+        _wrong_arithmetic(floor_count=True),
+    ),
+    (
+        "`N // (B·K)` rounds down, and loses the last, shorter group of each epoch: the correct "
+        "loop updates on it too, so an epoch makes ceil(I / K) updates, I = ceil(N / B).",
+        _wrong_arithmetic(updates_floor_n=True),
     ),
     (
         "`N % B` is 0 when B divides N, but then the last batch is a full one: "
@@ -280,8 +252,6 @@ def check_training_arithmetic(fn, thorough: bool = False) -> None:
 
 # ---------------------------------------------------------------- ch00_update_schedule
 
-SCHEDULE_ID = "ch00_update_schedule"
-
 
 def update_schedule_cases(thorough: bool = False) -> list[dict]:
     """The leak example, the running example, drop_last, and a K that divides the epoch."""
@@ -303,53 +273,6 @@ def update_schedule_cases(thorough: bool = False) -> list[dict]:
         ]
         cases += _random_cases(random.Random(grading_seed() + 1), 8, max_n=3_000)
     return [{key: value for key, value in case.items() if key != "epochs"} for case in cases]
-
-
-def _pair(item, index: int) -> tuple[int, bool]:
-    """One (size, steps) pair from a tuple or list; a `Mistake` if it is not one."""
-    if isinstance(item, (tuple, list)) and len(item) == 2:
-        size, steps = _whole(item[0]), item[1]
-        if (
-            isinstance(size, int)
-            and not isinstance(size, bool)
-            and isinstance(steps, (bool, np.bool_))
-        ):
-            return size, bool(steps)
-    raise Mistake(
-        SCHEDULE_ID,
-        "`update_schedule` should return one (size, steps) pair per micro-batch, such as "
-        f"(16, False): a whole number and a bool. Item {index} is {item!r:.60}.",
-    )
-
-
-def observe_update_schedule(fn, case: dict) -> dict:
-    """The learner's schedule, checked for form, with the three counts it implies first."""
-    out = call_answer(
-        SCHEDULE_ID,
-        "update_schedule",
-        fn,
-        case["dataset_size"],
-        case["batch_size"],
-        case["accum_steps"],
-        case["drop_last"],
-        case=_label(case),
-    )
-    if isinstance(out, Iterator):
-        out = list(out)  # a generator function is a fine answer too
-    if not isinstance(out, (list, tuple)):
-        raise Mistake(
-            SCHEDULE_ID,
-            f"`update_schedule` should return a list of (size, steps) pairs, but it returned "
-            f"{out!r:.80}.",
-        )
-    pairs = [_pair(item, i) for i, item in enumerate(out)]
-    # Counts first: "the number of optimizer updates should be 2" says more than a list index.
-    return {
-        "the number of micro-batches": len(pairs),
-        "the number of examples": sum(size for size, _ in pairs),
-        "the number of optimizer updates": sum(steps for _, steps in pairs),
-        "the schedule": [{"size": size, "steps": steps} for size, steps in pairs],
-    }
 
 
 def schedule_on_a_dataloader(dataset_size, batch_size, accum_steps, drop_last=False):
@@ -421,8 +344,8 @@ SCHEDULE_MISTAKES = [
         _wrong_schedule(ignore_drop_last=True),
     ),
     (
-        "without `drop_last` the partial last batch is still a micro-batch: there are "
-        "ceil(N / B) of them, not N // B.",
+        "`N // B` rounds down: without `drop_last` the partial last batch is still a "
+        "micro-batch, so there are ceil(N / B) of them, not N // B.",
         _wrong_schedule(floor_count=True),
     ),
 ]
@@ -452,6 +375,23 @@ def check_update_schedule(fn, thorough: bool = False) -> None:
     """Compare with the reference; with ``thorough``, also with a real DataLoader's batches."""
     UPDATE_SCHEDULE.check(fn, thorough)
     UPDATE_SCHEDULE_ON_A_DATALOADER.check(fn, thorough)
+
+
+# ---------------------------------------------------------------- questions
+
+
+def check_number(
+    answer, grade_id: str, expected: float | None = None, *, rel_tol: float = 1e-9, hints=None
+) -> None:
+    """`forge_course.grading.check_number`, with a NumPy number taken as the number it holds.
+
+    A count worked out with NumPy (``np.ceil(N / B)``, ``np.int64(N) // B``) is a NumPy scalar,
+    not a Python ``int`` or ``float``; it is as good an answer.
+    """
+    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+    if isinstance(answer, np.number):
+        answer = answer.item()
+    core.check_number(answer, grade_id, expected, rel_tol=rel_tol, hints=hints)
 
 
 EXERCISES = [

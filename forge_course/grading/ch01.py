@@ -7,8 +7,10 @@ Exercises:
 Questions:
     ch01_q_grad_sum, ch01_q_data, ch01_q_no_grad.
 
-Every case is plain data (an expression's name, a seed, sizes, a dtype, a device); the inputs
-are built fresh from it for each call, so the learner's half can run in another process.
+Every case is plain data (an expression's name, a seed, sizes, a dtype, a device); the learner's
+half, `forge_course.observe.ch01`, builds the inputs fresh from it for each call, so it can run
+in another process. When an answer raises, that half reports the error as data, and this one
+adds what the error usually means (``prepare``).
 """
 
 from __future__ import annotations
@@ -19,93 +21,32 @@ from collections import deque
 import torch
 
 from forge_course.device import available_devices
-from forge_course.grading.core import Exercise, Mistake, call_answer, explain, grading_seed
+from forge_course.grading.core import Exercise, Mistake, grading_seed
+from forge_course.observe.ch01 import (
+    GRAPH_WALK_ID,
+    LOGSUMEXP_ID,
+    STRAIGHT_THROUGH_ID,
+    WATCH_INTACT,
+    label_graph_walk,
+    label_logsumexp,
+    label_straight_through,
+    logits,
+    observe_graph_walk,
+    observe_logsumexp,
+    observe_straight_through,
+)
 from forge_course.reference import autograd_tape as ref
 
 
-def _call(grade_id: str, name: str, fn, *args, case: str, hints: dict[str, str]):
-    """`call_answer`, plus a likely mistake when the error's text gives one away."""
-    try:
-        return call_answer(grade_id, name, fn, *args, case=case)
-    except Mistake as err:
-        said = str(err).removeprefix(f"[{grade_id}] ")
-        for clue, hint in hints.items():
-            if clue in said:
-                raise Mistake(grade_id, f"{said}\nLikely mistake: {hint}") from err
-        raise
-
-
-def _safely(observe, wrong, case: dict):
-    """Observe a known wrong implementation; None when it fails outright (it cannot match then)."""
-    try:
-        return observe(wrong, case)
-    except Mistake:
-        return None
+def _with_hint(grade_id: str, raised: str, hints: dict[str, str]) -> Mistake:
+    """A `Mistake` for an error the answer raised, with the likely mistake its text gives away."""
+    for clue, hint in hints.items():
+        if clue in raised:
+            return Mistake(grade_id, f"{raised}\nLikely mistake: {hint}")
+    return Mistake(grade_id, raised)
 
 
 # ---------------------------------------------------------------- ch01_graph_walk
-
-
-def _scalars(gen: torch.Generator, n: int, device: str) -> list[torch.Tensor]:
-    values = torch.randn(n, generator=gen).tolist()
-    return [torch.tensor(v, device=device, requires_grad=True) for v in values]
-
-
-def build_expression(case: dict) -> torch.Tensor:
-    """The tensor whose recorded graph a graph-walk case asks about."""
-    name, device = case["expression"], case["device"]
-    gen = torch.Generator().manual_seed(case["seed"])
-    if name == "running example":  # L = (w·x + x)²: x is reached twice
-        x = torch.tensor(2.0, device=device, requires_grad=True)
-        w = torch.tensor(3.0, device=device, requires_grad=True)
-        return (w * x + x) ** 2
-    if name == "two products":  # a·b + c·d: breadth-first and depth-first orders differ
-        a, b, c, d = _scalars(gen, 4, device)
-        return a * b + c * d
-    if name == "constant operand":  # the 2 and the ones need no gradient: None in next_functions
-        x = torch.randn(3, generator=gen).to(device).requires_grad_()
-        return (x * 2 + torch.ones(3, device=device)).sum()
-    if name == "a leaf":  # nothing recorded: grad_fn is None
-        return torch.randn(3, generator=gen).to(device).requires_grad_()
-    if name == "under no_grad":
-        a, b = _scalars(gen, 2, device)
-        with torch.no_grad():
-            return a * b
-    if name == "a layer":  # linear → relu → mean: Addmm, a transposed weight, two parameters
-        weight = torch.randn(3, 4, generator=gen).to(device).requires_grad_()
-        bias = torch.randn(3, generator=gen).to(device).requires_grad_()
-        inputs = torch.randn(5, 4, generator=gen).to(device)
-        return torch.nn.functional.linear(inputs, weight, bias).relu().mean()
-    if name == "shared subexpression":  # h = sigmoid(x) is used three times
-        (x,) = _scalars(gen, 1, device)
-        h = x.sigmoid()
-        return h * h + h
-    if name == "loop":  # y ← y·w, n times: a chain of n products sharing w
-        x, w = _scalars(gen, 2, device)
-        y = x
-        for _ in range(case["n"]):
-            y = y * w
-        return y
-    if name == "unbind":  # one node with two outputs, both used
-        v = torch.randn(2, generator=gen).to(device).requires_grad_()
-        a, b = v.unbind()
-        return a * b + a
-    if name == "custom Function":
-        x = torch.randn(2, 3, generator=gen).to(device).requires_grad_()
-        (w,) = _scalars(gen, 1, device)
-        return (ref.LogSumExp.apply(x, -1) * w).sum()
-    if name == "detach":  # the detached copy of x is a constant: only one path to x is recorded
-        x, w = _scalars(gen, 2, device)
-        return x.detach() * w + x
-    if name == "sum of products":  # Σ wᵢ·xᵢ with every term using the same bias b
-        xs, ws = _scalars(gen, case["n"], device), _scalars(gen, case["n"], device)
-        (b,) = _scalars(gen, 1, device)
-        total = xs[0] * ws[0] + b
-        for x, w in zip(xs[1:], ws[1:]):
-            total = total + (x * w + b)
-        return total
-    raise ValueError(f"unknown expression {name!r}")
-
 
 VISIBLE_EXPRESSIONS = ("running example", "two products", "constant operand", "a leaf")
 
@@ -136,32 +77,6 @@ def graph_walk_cases(thorough: bool = False) -> list[dict]:
         for device in available_devices()
         for name in names
     ]
-
-
-def observe_graph_walk(fn, case: dict) -> list:
-    """What ``fn`` returns for the case's tensor: the list of node names."""
-    tensor = build_expression(case)
-    out = _call(
-        "ch01_graph_walk",
-        "graph_nodes",
-        fn,
-        tensor,
-        case=case["expression"],
-        hints={
-            "'NoneType' object has no attribute": "`next_functions` holds `None` for an input that "
-            "needs no gradient, and `grad_fn` is `None` for a tensor that recorded nothing "
-            "(return `[]` then). Skip `None` wherever it appears.",
-            "'Tensor' object has no attribute": "start the walk at `tensor.grad_fn`: the tensor "
-            "itself is not a node.",
-        },
-    )
-    if isinstance(out, (list, tuple)) and any(hasattr(n, "next_functions") for n in out):
-        raise Mistake(
-            "ch01_graph_walk",
-            f"`graph_nodes` returned the nodes themselves (case: {case['expression']}).\n"
-            "Likely mistake: return their class names, `type(node).__name__`.",
-        )
-    return list(out) if isinstance(out, tuple) else out
 
 
 def _walk(
@@ -239,21 +154,43 @@ GRAPH_WALK_MISTAKES = [
 ]
 
 
-def check_graph_walk(graph_nodes, thorough: bool = False) -> None:
-    """Compare ``graph_nodes`` with the reference walk on expressions with shared nodes."""
-    for case in graph_walk_cases(thorough):
-        explain(
-            "ch01_graph_walk",
-            observe_graph_walk(graph_nodes, case),
-            observe_graph_walk(ref.graph_nodes.__wrapped__, case),
-            case=f"{case['expression']} on {case['device']}",
-            known_mistakes=[
-                (msg, lambda wrong=wrong, case=case: _safely(observe_graph_walk, wrong, case))
-                for msg, wrong in GRAPH_WALK_MISTAKES
-            ],
-            hint="walk from `tensor.grad_fn`; for each node, its `next_functions` in order, "
-            "skipping `None` and nodes already listed; take nodes first in, first out.",
+GRAPH_WALK_ERRORS = {
+    "'NoneType' object has no attribute": "`next_functions` holds `None` for an input that "
+    "needs no gradient, and `grad_fn` is `None` for a tensor that recorded nothing (return `[]` "
+    "then). Skip `None` wherever it appears.",
+    "'Tensor' object has no attribute": "start the walk at `tensor.grad_fn`: the tensor itself "
+    "is not a node.",
+}
+
+
+def _prepare_graph_walk(seen, target, case: dict):
+    """An error, or nodes where names belong, explained before any comparison."""
+    if isinstance(seen, dict) and "raised" in seen:
+        raise _with_hint(GRAPH_WALK_ID, seen["raised"], GRAPH_WALK_ERRORS)
+    if isinstance(seen, list) and any(
+        isinstance(item, dict) and "autograd node" in item for item in seen
+    ):
+        raise Mistake(
+            GRAPH_WALK_ID,
+            f"`graph_nodes` returned the nodes themselves (case: {case['expression']}).\n"
+            "Likely mistake: return their class names, `type(node).__name__`.",
         )
+    return seen
+
+
+GRAPH_WALK = Exercise(
+    grade_id=GRAPH_WALK_ID,
+    function="graph_nodes",
+    reference=ref.graph_nodes.__wrapped__,
+    cases=graph_walk_cases,
+    observe=observe_graph_walk,
+    label=label_graph_walk,
+    mistakes=GRAPH_WALK_MISTAKES,
+    hint="walk from `tensor.grad_fn`; for each node, its `next_functions` in order, skipping "
+    "`None` and nodes already listed; take nodes first in, first out.",
+    prepare=_prepare_graph_walk,
+)
+check_graph_walk = GRAPH_WALK.check
 
 
 # ---------------------------------------------------------------- ch01_logsumexp
@@ -311,25 +248,7 @@ def logsumexp_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _logits(case: dict) -> torch.Tensor:
-    dtype, device = getattr(torch, case["dtype"]), torch.device(case["device"])
-    if "logits" in case:
-        return torch.tensor(case["logits"], dtype=dtype, device=device)
-    gen = torch.Generator().manual_seed(case["seed"])
-    x = torch.randn(case["shape"], generator=gen, dtype=torch.float64) * 3
-    # One offset per row of the first dimension (broadcast when there is only one).
-    offset = torch.tensor(case["offset"], dtype=torch.float64).reshape(-1, *[1] * (x.dim() - 1))
-    return (x + offset).to(dtype=dtype, device=device)
-
-
-def _lse_label(case: dict) -> str:
-    what = f"logits {case['logits']}" if "logits" in case else f"shape {case['shape']}"
-    if "offset" in case and any(case["offset"]):
-        what += f" around {case['offset']}"
-    return f"{what}, dim={case['dim']}, {case['dtype']} on {case['device']}"
-
-
-_LSE_HINTS = {
+LOGSUMEXP_ERRORS = {
     "must match the size of tensor": "`grad_output` has the summed dimension removed. "
     "Put it back with `grad_output.unsqueeze(dim)` before multiplying by the softmax.",
     "incorrect number of gradients": "`backward` returns one gradient per input of `forward`: "
@@ -337,50 +256,6 @@ _LSE_HINTS = {
     "invalid gradient": "the gradient `backward` returns must have the shape of `x`: the "
     "softmax times `grad_output.unsqueeze(dim)`.",
 }
-
-
-def observe_logsumexp(LogSumExp, case: dict) -> dict:
-    """The value, the gradient for a random upstream gradient, and gradcheck in float64."""
-    label = _lse_label(case)
-    x = _logits(case).requires_grad_()
-    apply = getattr(LogSumExp, "apply", None)
-    if apply is None:
-        raise Mistake(
-            "ch01_logsumexp", "`LogSumExp` should be a class derived from torch.autograd.Function."
-        )
-    out = _call("ch01_logsumexp", "LogSumExp", apply, x, case["dim"], case=label, hints=_LSE_HINTS)
-    if not isinstance(out, torch.Tensor):
-        raise Mistake(
-            "ch01_logsumexp", f"`forward` should return a tensor, but it returned {out!r}."
-        )
-    expected = [size for i, size in enumerate(x.shape) if i != case["dim"] % x.dim()]
-    if list(out.shape) != expected:
-        raise Mistake(
-            "ch01_logsumexp",
-            f"the result should have shape {expected}, but it has shape {list(out.shape)} "
-            f"(case: {label}).\nLikely mistake: `torch.logsumexp(x, dim)` removes the summed "
-            "dimension: squeeze it, or sum without `keepdim=True`.",
-        )
-    gen = torch.Generator().manual_seed(case["seed"] + 1)
-    upstream = (
-        (torch.rand(out.shape, generator=gen, dtype=torch.float64) + 0.5)
-        .to(out.dtype)
-        .to(out.device)
-    )
-    _call("ch01_logsumexp", "LogSumExp", out.backward, upstream, case=label, hints=_LSE_HINTS)
-    seen = {"value": out.detach(), "gradient": x.grad}
-    if case["dtype"] == "float64" and "shape" in case:
-
-        def gradcheck():
-            probe = _logits(case).requires_grad_()
-            return torch.autograd.gradcheck(
-                lambda t: apply(t, case["dim"]), (probe,), raise_exception=False
-            )
-
-        seen["passes gradcheck"] = _call(
-            "ch01_logsumexp", "LogSumExp", gradcheck, case=label, hints=_LSE_HINTS
-        )
-    return seen
 
 
 def _lse_function(forward, backward):
@@ -396,8 +271,27 @@ def _saving(ctx, x, dim, out):
     return out
 
 
+def _stable(x, dim):
+    m = x.amax(dim=dim, keepdim=True)
+    return m + (x - m).exp().sum(dim, keepdim=True).log()  # the summed dim kept
+
+
 def _forward_stable(ctx, x, dim):
+    return _saving(ctx, x, dim, _stable(x, dim).squeeze(dim))
+
+
+def _forward_keepdim(ctx, x, dim):
+    return _saving(ctx, x, dim, _stable(x, dim))
+
+
+def _forward_calls_logsumexp(ctx, x, dim):
     return _saving(ctx, x, dim, torch.logsumexp(x, dim))
+
+
+def _forward_shifts_x(ctx, x, dim):
+    m = x.amax(dim=dim, keepdim=True)
+    x.sub_(m)  # the caller's logits, shifted in place
+    return _saving(ctx, x, dim, (m + x.exp().sum(dim, keepdim=True).log()).squeeze(dim))
 
 
 def _forward_naive(ctx, x, dim):
@@ -431,7 +325,36 @@ def _backward_no_unsqueeze(ctx, grad_output):
     return ctx.saved_tensors[1] * grad_output, None
 
 
+class _NotAFunction:
+    """A class whose ``apply`` is ``torch.logsumexp``: autograd's own backward, none of its own."""
+
+    apply = staticmethod(torch.logsumexp)
+
+
+_KEEPDIM = (
+    "`torch.logsumexp(x, dim)` removes the summed dimension: squeeze the result "
+    "(`.squeeze(dim)`), or sum without `keepdim=True`."
+)
+
 LOGSUMEXP_MISTAKES = [
+    (
+        "`LogSumExp.apply(x, dim)` should run a `torch.autograd.Function` of your own: a class "
+        "derived from `torch.autograd.Function`, with static `forward` and `backward` methods "
+        "and the `apply` it inherits. Here autograd differentiates something else.",
+        _NotAFunction,
+    ),
+    (
+        "`torch.logsumexp` does the work the exercise asks you to write. Build the forward from "
+        "`amax`, `exp`, `sum` and `log`, and call `torch.logsumexp` in neither `forward` nor "
+        "`backward`.",
+        _lse_function(_forward_calls_logsumexp, _backward_softmax),
+    ),
+    (_KEEPDIM, _lse_function(_forward_keepdim, _backward_no_unsqueeze)),
+    (
+        "`forward` changes `x` in place (`x -= m`, `x.sub_(m)`, or through `.data`), so the "
+        "caller's logits are no longer what they were. Compute `x - m` as a new tensor.",
+        _lse_function(_forward_shifts_x, _backward_softmax),
+    ),
     (
         "`exp` overflows: exp(1000) is inf even in float64 (and exp(−1000) is 0, whose log is "
         "−inf). Subtract the maximum m before `exp`, and add it back after the `log`.",
@@ -473,7 +396,7 @@ def _rounding_rtol(case: dict) -> float:
     inherits the rounding of ``lse``: about eps·|lse| relative, 6e-5 for float32 logits near
     1000, more than float32's usual tolerance. Allow four times that.
     """
-    x = _logits(case)
+    x = logits(case)
     return 4 * torch.finfo(x.dtype).eps * max(1.0, x.abs().max().item())
 
 
@@ -495,30 +418,47 @@ def _snap(seen, target, rtol: float):
     return snapped
 
 
-def check_logsumexp(LogSumExp, thorough: bool = False) -> None:
-    """Compare ``LogSumExp`` with the reference: value, gradient, finiteness, gradcheck."""
-    for case in logsumexp_cases(thorough):
-        rtol = _rounding_rtol(case)
-        want = observe_logsumexp(_ReferenceLogSumExp, case)
-        got = _snap(observe_logsumexp(LogSumExp, case), want, rtol)
-        explain(
-            "ch01_logsumexp",
-            got,
-            want,
-            case=_lse_label(case),
-            known_mistakes=[
-                (
-                    msg,
-                    lambda w=wrong, c=case, g=got, r=rtol: _snap(
-                        _safely(observe_logsumexp, w, c), g, r
-                    ),
-                )
-                for msg, wrong in LOGSUMEXP_MISTAKES
-            ],
-            hint="forward: m = x.amax(dim, keepdim=True), then m + log Σ exp(x − m), squeezed; "
-            "backward: exp(x − lse) * grad_output, both with the summed dim put back, and None "
-            "for `dim`.",
+def _prepare_logsumexp(seen, target, case: dict):
+    """A tampered instrument or an error explained first; then rounding forgiven (`_snap`)."""
+    if not isinstance(seen, dict):
+        return seen
+    if seen.get(WATCH_INTACT) is False:
+        raise Mistake(
+            LOGSUMEXP_ID,
+            "Not graded: your code took away the check's instrument, the function mode that "
+            "watches for `torch.logsumexp` while `LogSumExp` runs. Leave torch's function modes "
+            "as they are.",
         )
+    if "raised" in seen:
+        value, want = seen.get("value"), target.get("value")
+        if (
+            isinstance(value, torch.Tensor)
+            and isinstance(want, torch.Tensor)
+            and value.shape != want.shape  # the shape went wrong first: say so
+        ):
+            raise Mistake(
+                LOGSUMEXP_ID,
+                f"the result should have shape {list(want.shape)}, but it has shape "
+                f"{list(value.shape)} (case: {label_logsumexp(case)}).\n"
+                f"Likely mistake: {_KEEPDIM}",
+            )
+        raise _with_hint(LOGSUMEXP_ID, seen["raised"], LOGSUMEXP_ERRORS)
+    return _snap(seen, target, _rounding_rtol(case))
+
+
+LOGSUMEXP = Exercise(
+    grade_id=LOGSUMEXP_ID,
+    function="LogSumExp",
+    reference=_ReferenceLogSumExp,
+    cases=logsumexp_cases,
+    observe=observe_logsumexp,
+    label=label_logsumexp,
+    mistakes=LOGSUMEXP_MISTAKES,
+    hint="forward: m = x.amax(dim, keepdim=True), then m + log Σ exp(x − m), squeezed; "
+    "backward: exp(x − lse) * grad_output, both with the summed dim put back, and None for `dim`.",
+    prepare=_prepare_logsumexp,
+)
+check_logsumexp = LOGSUMEXP.check
 
 
 # ---------------------------------------------------------------- ch01_straight_through
@@ -560,40 +500,6 @@ def straight_through_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _ste_label(case: dict) -> str:
-    what = f"x = {case['values']}" if "values" in case else f"x of shape {case['shape']}"
-    if case["scale"] != 1.0:
-        what += f" made as {case['scale']} · leaf"
-    return f"{what}, {case['dtype']} on {case['device']}"
-
-
-def observe_straight_through(fn, case: dict) -> dict:
-    """The value, whether it is in the graph, and the gradient reaching the leaf."""
-    dtype, device = getattr(torch, case["dtype"]), torch.device(case["device"])
-    gen = torch.Generator().manual_seed(case["seed"])
-    if "values" in case:
-        leaf = torch.tensor(case["values"], dtype=dtype)
-    else:
-        leaf = (torch.randn(case["shape"], generator=gen, dtype=torch.float64) * 3).to(dtype)
-    leaf = leaf.to(device).requires_grad_()
-    x = leaf * case["scale"] if case["scale"] != 1.0 else leaf
-    label = _ste_label(case)
-    out = _call("ch01_straight_through", "round_ste", fn, x, case=label, hints={})
-    if not isinstance(out, torch.Tensor):
-        raise Mistake(
-            "ch01_straight_through", f"`round_ste` should return a tensor, but it returned {out!r}."
-        )
-    seen = {"value": out.detach(), "records a graph": out.requires_grad}
-    if out.requires_grad:
-        # 1, 2, 3, ...: an upstream gradient that is not all ones, to see that it is passed on.
-        upstream = (
-            torch.arange(1, out.numel() + 1, dtype=out.dtype).reshape(out.shape).to(out.device)
-        )
-        _call("ch01_straight_through", "round_ste", out.backward, upstream, case=label, hints={})
-    seen["gradient"] = leaf.grad
-    return seen
-
-
 def _plain_round(x):
     return torch.round(x)
 
@@ -632,6 +538,11 @@ def _detached_the_wrong_part(x):
     return torch.round(x) + (x - torch.round(x)).detach()
 
 
+def _rounds_x_in_place(x):
+    x.data.round_()
+    return x
+
+
 STRAIGHT_THROUGH_MISTAKES = [
     (
         "the gradient is all zeros: that is `round`'s own derivative, flat between integers. "
@@ -663,54 +574,33 @@ STRAIGHT_THROUGH_MISTAKES = [
         "`round`'s zero gradient. Detach the correction instead: `x + (round(x) - x).detach()`.",
         _detached_the_wrong_part,
     ),
-]
-
-
-def check_straight_through(round_ste, thorough: bool = False) -> None:
-    """Compare ``round_ste`` with the reference: rounded value, gradient passed straight through."""
-    for case in straight_through_cases(thorough):
-        explain(
-            "ch01_straight_through",
-            observe_straight_through(round_ste, case),
-            observe_straight_through(_ReferenceRoundSTE.apply, case),
-            case=_ste_label(case),
-            known_mistakes=[
-                (msg, lambda wrong=wrong, case=case: _safely(observe_straight_through, wrong, case))
-                for msg, wrong in STRAIGHT_THROUGH_MISTAKES
-            ],
-            hint="the value is torch.round(x); the gradient reaching x is the upstream gradient, "
-            "unchanged.",
-        )
-
-
-# The records the isolated grader runs; the checks above are what the notebook calls.
-EXERCISES = [
-    Exercise(
-        grade_id="ch01_graph_walk",
-        function="graph_nodes",
-        reference=ref.graph_nodes.__wrapped__,
-        cases=graph_walk_cases,
-        observe=observe_graph_walk,
-        label=lambda case: f"{case['expression']} on {case['device']}",
-        mistakes=GRAPH_WALK_MISTAKES,
-    ),
-    Exercise(
-        grade_id="ch01_logsumexp",
-        function="LogSumExp",
-        reference=_ReferenceLogSumExp,
-        cases=logsumexp_cases,
-        observe=observe_logsumexp,
-        label=_lse_label,
-        mistakes=LOGSUMEXP_MISTAKES,
-        prepare=lambda seen, target, case: _snap(seen, target, _rounding_rtol(case)),
-    ),
-    Exercise(
-        grade_id="ch01_straight_through",
-        function="round_ste",
-        reference=_ReferenceRoundSTE.apply,
-        cases=straight_through_cases,
-        observe=observe_straight_through,
-        label=_ste_label,
-        mistakes=STRAIGHT_THROUGH_MISTAKES,
+    (
+        "`round_ste` rounds the caller's `x` in place (through `.data`): the value and the "
+        "gradient look right, but the caller's tensor has changed, and autograd never saw it. "
+        "Leave `x` as it is and return a new tensor: `x + (torch.round(x) - x).detach()`.",
+        _rounds_x_in_place,
     ),
 ]
+
+
+def _prepare_straight_through(seen, target, case: dict):
+    if isinstance(seen, dict) and "raised" in seen:
+        raise Mistake(STRAIGHT_THROUGH_ID, seen["raised"])
+    return seen
+
+
+STRAIGHT_THROUGH = Exercise(
+    grade_id=STRAIGHT_THROUGH_ID,
+    function="round_ste",
+    reference=_ReferenceRoundSTE.apply,
+    cases=straight_through_cases,
+    observe=observe_straight_through,
+    label=label_straight_through,
+    mistakes=STRAIGHT_THROUGH_MISTAKES,
+    hint="the value is torch.round(x); the gradient reaching x is the upstream gradient, "
+    "unchanged; x itself stays as it was.",
+    prepare=_prepare_straight_through,
+)
+check_straight_through = STRAIGHT_THROUGH.check
+
+EXERCISES = [GRAPH_WALK, LOGSUMEXP, STRAIGHT_THROUGH]

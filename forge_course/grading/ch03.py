@@ -1,4 +1,4 @@
-"""Checks for chapter 03, "Shuffling, samplers and collation".
+"""Checks for chapter 03, "Shuffling, samplers and collation": the grader half.
 
 Exercises:
     ch03_inverse_frequency: ``inverse_frequency_weights(labels) -> [N] float64 tensor``.
@@ -11,26 +11,40 @@ Questions (checked in the notebook with `check_number` / `check_choice`):
 
 `EXERCISES` lists the records the isolated grader runs. ``ch03_shard_indices`` has two: one
 against the reference, and (hidden cases only) one against torch's real ``DistributedSampler``.
+The learner half, which builds the inputs and calls the answer, is `forge_course.observe.ch03`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import random
 from collections import Counter
-from contextlib import contextmanager, nullcontext
 
-import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
-from forge_course.grading.core import Exercise, Mistake, call_answer, grading_seed
+from forge_course.grading.core import Exercise, Mistake, grading_seed
+from forge_course.observe.ch03 import (
+    BAR_HELD,
+    BAR_KEY,
+    COLLATE_ID,
+    INVERSE_ID,
+    SHARD_ID,
+    label_inverse_frequency,
+    label_pad_collate,
+    label_shard_indices,
+    observe_inverse_frequency,
+    observe_pad_collate,
+    observe_shard_indices,
+)
 from forge_course.reference import sampling as ref
+
+# The oracle iterates torch's DistributedSampler, which the learner half bars while it observes
+# (an answer must compute the indices itself): the oracle keeps the method from before any bar.
+_SAMPLER_ITER = DistributedSampler.__iter__
 
 # ---------------------------------------------------------------- ch03_inverse_frequency
 
-INVERSE_ID = "ch03_inverse_frequency"
 KINDS = ("list", "NumPy array", "int64 tensor", "int32 tensor")
 
 # The chapter's running example (FACTS.md): 900 dogs (label 0) and 100 cats (label 1).
@@ -65,28 +79,6 @@ def inverse_frequency_cases(thorough: bool = False) -> list[dict]:
         rng = random.Random(grading_seed())
         cases += [_labels_case(rng) for _ in range(8)]
     return cases
-
-
-def _labels_input(case: dict):
-    labels, kind = case["labels"], case["kind"]
-    if kind == "list":
-        return list(labels)
-    if kind == "NumPy array":
-        return np.array(labels, dtype=np.int64)
-    return torch.tensor(labels, dtype=getattr(torch, kind.split()[0]))
-
-
-def _inverse_label(case: dict) -> str:
-    article = "an" if case["kind"].startswith("int") else "a"
-    return f"{len(case['labels'])} labels, {case['what']}, given as {article} {case['kind']}"
-
-
-def observe_inverse_frequency(fn, case: dict):
-    """What ``fn`` returns for fresh labels of the case's type (a tensor is cloned)."""
-    out = call_answer(
-        INVERSE_ID, "inverse_frequency_weights", fn, _labels_input(case), case=_inverse_label(case)
-    )
-    return out.detach().clone() if isinstance(out, torch.Tensor) else out
 
 
 def _counts(labels) -> tuple[list[int], Counter]:
@@ -177,7 +169,7 @@ INVERSE_FREQUENCY = Exercise(
     reference=ref.inverse_frequency_weights.__wrapped__,
     cases=inverse_frequency_cases,
     observe=observe_inverse_frequency,
-    label=_inverse_label,
+    label=label_inverse_frequency,
     mistakes=INVERSE_FREQUENCY_MISTAKES,
     hint="weights[i] = 1 / (how many labels equal labels[i]), as a float64 tensor of length N; "
     "count the classes with torch.unique(..., return_counts=True) or a Counter.",
@@ -186,9 +178,6 @@ check_inverse_frequency = INVERSE_FREQUENCY.check
 
 
 # ---------------------------------------------------------------- ch03_shard_indices
-
-SHARD_ID = "ch03_shard_indices"
-RNG_KEY = "torch's global random generator"
 
 
 def _shard_case(n, world_size, shuffle=True, seed=0, epoch=0, drop_last=False) -> dict:
@@ -222,67 +211,6 @@ def shard_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _shard_label(case: dict) -> str:
-    return (
-        f"N={case['n']}, world_size={case['world_size']}, shuffle={case['shuffle']}, "
-        f"seed={case['seed']}, epoch={case['epoch']}, drop_last={case['drop_last']}"
-    )
-
-
-def _as_int_list(value):
-    """Lists of Python ints from lists, tuples, tensors or arrays of integers."""
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)):
-        return value
-    plain = []
-    for v in value:
-        if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point():
-            v = v.item()
-        plain.append(int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v)
-    return plain
-
-
-@contextmanager
-def _own_code_only():
-    """While the answer runs, torch's DistributedSampler refuses to hand out its indices."""
-    original = DistributedSampler.__iter__
-
-    def barred(self):
-        raise Mistake(
-            SHARD_ID,
-            "Your answer iterates torch's own `DistributedSampler`; the exercise asks you to "
-            "compute its indices yourself, so this does not score.",
-        )
-
-    DistributedSampler.__iter__ = barred
-    try:
-        yield
-    finally:
-        DistributedSampler.__iter__ = original
-
-
-def observe_shard_indices(fn, case: dict) -> dict:
-    """Every rank's indices for the case, and whether torch's global generator was touched."""
-    state = torch.random.get_rng_state()
-    seen = {}
-    try:
-        barrier = nullcontext() if fn is distributed_sampler_indices else _own_code_only()
-        with barrier:
-            for rank in range(case["world_size"]):
-                out = call_answer(
-                    SHARD_ID, "shard_indices", fn, case["n"], rank, case["world_size"],
-                    case["shuffle"], case["seed"], case["epoch"], case["drop_last"],
-                    case=_shard_label(case),
-                )  # fmt: skip
-                seen[f"rank {rank}'s indices"] = _as_int_list(out)
-        left_alone = torch.equal(torch.random.get_rng_state(), state)
-        seen[RNG_KEY] = "left alone" if left_alone else "reseeded or drawn from"
-    finally:
-        torch.random.set_rng_state(state)  # the notebook's own random numbers stay as they were
-    return seen
-
-
 def distributed_sampler_indices(
     dataset_size, rank, world_size, shuffle=True, seed=0, epoch=0, drop_last=False
 ) -> list[int]:
@@ -292,7 +220,7 @@ def distributed_sampler_indices(
         drop_last=drop_last,
     )  # fmt: skip
     sampler.set_epoch(epoch)
-    return list(sampler)
+    return list(_SAMPLER_ITER(sampler))
 
 
 def _order(n, shuffle, seed):
@@ -410,17 +338,30 @@ SHARD_MISTAKES = [
 ]
 
 
+def _prepare_shard(observation, target, case: dict):
+    """An answer that lifted the check's bar on DistributedSampler is not graded."""
+    if isinstance(observation, dict) and observation.get(BAR_KEY, BAR_HELD) != BAR_HELD:
+        raise Mistake(
+            SHARD_ID,
+            "Not graded: your answer tampered with the check's instruments (it replaced "
+            "`DistributedSampler.__iter__`, which the check bars while your answer runs). "
+            "Compute the indices yourself.",
+        )
+    return observation
+
+
 SHARD_INDICES = Exercise(
     grade_id=SHARD_ID,
     function="shard_indices",
     reference=ref.shard_indices.__wrapped__,
     cases=shard_cases,
     observe=observe_shard_indices,
-    label=_shard_label,
+    label=label_shard_indices,
     mistakes=SHARD_MISTAKES,
     hint="draw the order (torch.randperm with a generator seeded seed + epoch, or 0..N-1), pad "
     "it by wrapping around (or cut it with drop_last), then take every world_size-th index "
     "starting at rank.",
+    prepare=_prepare_shard,
 )
 
 # Hidden tests only: the same cases, the expected indices taken from torch's DistributedSampler.
@@ -428,7 +369,7 @@ SHARD_INDICES_ON_THE_SAMPLER = dataclasses.replace(
     SHARD_INDICES,
     reference=distributed_sampler_indices,
     cases=lambda thorough: shard_cases(True) if thorough else [],
-    label=lambda case: f"{_shard_label(case)}; compared with torch's DistributedSampler",
+    label=lambda case: f"{label_shard_indices(case)}; compared with torch's DistributedSampler",
 )
 
 
@@ -439,8 +380,6 @@ def check_shard_indices(shard_indices, thorough: bool = False) -> None:
 
 
 # ---------------------------------------------------------------- ch03_pad_collate
-
-COLLATE_ID = "ch03_pad_collate"
 
 # The first three reviews of forge_course.data, encoded with its vocabulary.
 THREE_REVIEWS = {
@@ -490,23 +429,8 @@ def collate_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _collate_label(case: dict) -> str:
-    return f"{case['what']}, {case['dtype']}"
-
-
-def observe_pad_collate(fn, case: dict):
-    """Collate a fresh batch of ``(tensor, int)`` pairs; tensors in the result are cloned."""
-    dtype = getattr(torch, case["dtype"])
-    batch = [(torch.tensor(s, dtype=dtype), y) for s, y in zip(case["sequences"], case["labels"])]
-    options = {} if case["pad_value"] is None else {"pad_value": case["pad_value"]}
-    out = call_answer(COLLATE_ID, "pad_collate", fn, batch, **options, case=_collate_label(case))
-    if isinstance(out, dict):
-        return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
-    return out
-
-
 def _collate_variant(*, mask="lengths", mask_dtype=torch.long, ids_dtype=None, fill=True,
-                     left=False, labels_as_list=False):  # fmt: skip
+                     left=False, labels_as_list=False, labels_dtype=torch.long):  # fmt: skip
     def collate(batch, pad_value=0):
         sequences = [s for s, _ in batch]
         width = max(len(s) for s in sequences)
@@ -519,14 +443,20 @@ def _collate_variant(*, mask="lengths", mask_dtype=torch.long, ids_dtype=None, f
             lengths[row, cols] = True
         real = {"lengths": lengths, "ids": ids != pad_value, "inverted": ~lengths}[mask]
         labels = [y for _, y in batch]
+        label_dtype = dtype if labels_dtype == "ids" else labels_dtype  # "ids": the ids' dtype
         return {
             "input_ids": ids,
             "attention_mask": real.to(mask_dtype),
-            "labels": labels if labels_as_list else torch.tensor(labels),
+            "labels": labels if labels_as_list else torch.tensor(labels, dtype=label_dtype),
         }
 
     return collate
 
+
+_LABELS_INT64 = (
+    "labels should be int64 (torch.long) whatever dtype the token ids have: CrossEntropyLoss "
+    "refuses int32 class indices. torch.tensor(labels) makes int64 from Python ints."
+)
 
 PAD_COLLATE_MISTAKES = [
     (
@@ -572,6 +502,8 @@ PAD_COLLATE_MISTAKES = [
         "labels should be a tensor of shape [B]: torch.tensor(labels).",
         _collate_variant(labels_as_list=True),
     ),
+    (_LABELS_INT64, _collate_variant(labels_dtype=torch.int32)),
+    (_LABELS_INT64, _collate_variant(labels_dtype="ids")),
 ]
 
 
@@ -581,7 +513,7 @@ PAD_COLLATE = Exercise(
     reference=ref.pad_collate.__wrapped__,
     cases=collate_cases,
     observe=observe_pad_collate,
-    label=_collate_label,
+    label=label_pad_collate,
     mistakes=PAD_COLLATE_MISTAKES,
     hint="pad every sequence on the right to the longest in the batch with pad_value; the mask "
     "is 1 on the first len(sequence) positions of each row, 0 after.",

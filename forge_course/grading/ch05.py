@@ -1,4 +1,4 @@
-"""Checks for chapter 05, "nn.Module and devices".
+"""Checks for chapter 05, "nn.Module and devices": the grader half.
 
 Exercises:
     ch05_repair_model: ``class MLP(nn.Module)`` with its hidden layers registered.
@@ -7,45 +7,33 @@ Exercises:
 Questions:
     ch05_q_param_count, ch05_q_to_semantics, ch05_q_strict_false.
 
+The learner half (what builds the inputs and calls the answer) is `forge_course.observe.ch05`.
 Every check can move things to the ``meta`` device: it holds shapes and dtypes but no data, so
 on a machine with only a CPU it still shows whether something moved.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections import namedtuple
-
-import numpy as np
 import torch
-import torch.nn.modules.module as module_internals
 from torch import nn
 
 from forge_course.device import available_devices
-from forge_course.grading.core import Exercise, Mistake, call_answer, grading_seed
+from forge_course.grading.core import Exercise, grading_seed
+from forge_course.observe.ch05 import (
+    META,
+    RECORDER,
+    REPAIR,
+    TO_DEVICE,
+    label_activation_recorder,
+    label_repair_model,
+    label_to_device,
+    observe_activation_recorder,
+    observe_repair_model,
+    observe_to_device,
+)
 from forge_course.reference import modules as ref
-from forge_course.reference.guard import ReferenceCalled, learner_code
-
-META = "meta"
-
-
-def _attempt(grade_id: str, name: str, fn, *args, case: str = ""):
-    """``(result, None)``, or ``(None, "raises …")`` when the learner's code raised an error.
-
-    An unwritten answer or a call to the reference still fails the check at once.
-    """
-    try:
-        return call_answer(grade_id, name, fn, *args, case=case), None
-    except Mistake as err:
-        cause = err.__cause__
-        if cause is None or isinstance(cause, (NotImplementedError, ReferenceCalled)):
-            raise
-        return None, f"raises {type(cause).__name__}: {cause}"
-
 
 # ---------------------------------------------------------------- ch05_repair_model
-
-REPAIR = "ch05_repair_model"
 
 
 def repair_model_cases(thorough: bool = False) -> list[dict]:
@@ -61,100 +49,11 @@ def repair_model_cases(thorough: bool = False) -> list[dict]:
     ]
 
 
-def _repair_label(case: dict) -> str:
-    return f"MLP({case['sizes']}) on {case['device']}"
-
-
 def _reference_mlp(sizes):
     """The reference model, built without the guard that refuses it to learners' code."""
     model = ref.MLP.__new__(ref.MLP)
     ref.MLP.__init__.__wrapped__(model, sizes)
     return model
-
-
-def _build_model(fn, case: dict):
-    """The learner's model, built under the case's seed (the global generator is left alone)."""
-    if isinstance(fn, type) and issubclass(fn, ref.MLP):
-        # The class itself counts as the reference, so `call_answer` would not guard it.
-        raise Mistake(
-            REPAIR,
-            "Your answer calls forge_course's reference `MLP`. The exercise asks you to write "
-            "it yourself, so this does not score.",
-        )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(case["seed"])
-        return call_answer(REPAIR, "MLP", fn, list(case["sizes"]), case=_repair_label(case))
-
-
-def _fill(model: nn.Module, seed: int) -> None:
-    """Give every registered parameter known values, by name, so outputs can be compared."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, param in sorted(model.named_parameters()):
-            param.copy_(0.5 * torch.randn(param.shape, generator=gen, dtype=param.dtype))
-
-
-def observe_repair_model(fn, case: dict) -> dict:
-    """Parameters, names, outputs, a move to the case's device and to meta, one SGD step."""
-    label = _repair_label(case)
-    model = _build_model(fn, case)
-    if not isinstance(model, nn.Module):
-        return {"what MLP(sizes) builds": f"a {type(model).__name__}, not an nn.Module"}
-    gen = torch.Generator().manual_seed(case["seed"] + 1)
-    x = torch.randn(5, case["sizes"][0], generator=gen)
-    seen = {
-        "the number of values in model.parameters()": sum(p.numel() for p in model.parameters()),
-        "the names and shapes in model.state_dict()": sorted(
-            f"{name} {list(value.shape)}" for name, value in model.state_dict().items()
-        ),
-    }
-    _fill(model, case["seed"])
-    seen["the output for a fixed input"] = _output(model, x, label)
-
-    device = torch.device(case["device"])
-    _, error = _attempt(REPAIR, "model.to", model.to, device, case=label)
-    x = x.to(device)
-    seen[f"the output after model.to('{device}')"] = error or _output(model, x, label)
-    seen["the parameters one SGD step changes"], seen["the output after one SGD step"] = _sgd_step(
-        model, x, label
-    )
-
-    # A second copy goes to the meta device: on any machine, whatever .to() misses stays behind.
-    meta_model = _build_model(fn, case)
-    _, error = _attempt(REPAIR, "model.to", meta_model.to, META, case=label)
-    if error is None:
-        out, error = _attempt(
-            REPAIR, "model", meta_model, torch.empty(5, case["sizes"][0], device=META), case=label
-        )
-    seen["the forward pass after model.to('meta')"] = error or (
-        f"an output on {out.device}, shape {list(out.shape)}"
-        if isinstance(out, torch.Tensor)
-        else f"returns a {type(out).__name__}"
-    )
-    return seen
-
-
-def _sgd_step(model: nn.Module, x: torch.Tensor, label: str):
-    """Which parameters one SGD step on ``mean(model(x)²)`` changes, and the output after it."""
-    params = list(model.named_parameters())
-    if not params:
-        return "none: model.parameters() is empty", "none: no optimizer can be built"
-    before = {name: p.detach().clone() for name, p in params}
-    optimizer = torch.optim.SGD([p for _, p in params], lr=0.1)
-    out, error = _attempt(REPAIR, "model", model, x, case=label)
-    if error or not isinstance(out, torch.Tensor):
-        return error or f"returns a {type(out).__name__}", "no step taken"
-    out.pow(2).mean().backward()
-    optimizer.step()
-    changed = sorted(name for name, p in params if not torch.equal(p.detach(), before[name]))
-    return changed, _output(model, x, label)
-
-
-def _output(model: nn.Module, x: torch.Tensor, label: str):
-    out, error = _attempt(REPAIR, "model", model, x, case=label)
-    if error:
-        return error
-    return out.detach().clone() if isinstance(out, torch.Tensor) else out
 
 
 def _pairs(sizes):
@@ -283,7 +182,7 @@ REPAIR_MODEL = Exercise(
     reference=_reference_mlp,
     cases=repair_model_cases,
     observe=observe_repair_model,
-    label=_repair_label,
+    label=label_repair_model,
     mistakes=REPAIR_MISTAKES,
     hint="compare `model.state_dict().keys()` with hidden.0.weight, hidden.0.bias, …, "
     "head.weight, head.bias, and the forward pass with `PlainListMLP.forward`.",
@@ -292,47 +191,6 @@ check_repair_model = REPAIR_MODEL.check
 
 
 # ---------------------------------------------------------------- ch05_activation_recorder
-
-RECORDER = "ch05_activation_recorder"
-
-
-class _Nested(nn.Module):
-    """A Sequential inside a Sequential inside a model, with an in-place ReLU."""
-
-    def __init__(self):
-        super().__init__()
-        self.encoder = nn.Sequential(
-            nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Sequential(nn.Linear(8, 8), nn.Tanh())
-        )
-        self.head = nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.head(self.encoder(x))
-
-
-class _Shared(nn.Module):
-    """A residual connection, and one layer that runs twice per forward pass."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(4, 6)
-        self.shared = nn.Linear(6, 6)
-        self.head = nn.Linear(6, 3)
-
-    def forward(self, x):
-        h = torch.relu(self.embed(x))
-        h = h + torch.relu(self.shared(h))
-        return self.head(self.shared(h))
-
-
-_RECORDER_MODELS = {
-    "sequential": (
-        "an nn.Sequential with an in-place ReLU",
-        lambda: nn.Sequential(nn.Linear(4, 6), nn.ReLU(inplace=True), nn.Linear(6, 3)),
-    ),
-    "nested": ("nested modules", _Nested),
-    "shared": ("a residual model that reuses a layer", _Shared),
-}
 
 
 def activation_recorder_cases(thorough: bool = False) -> list[dict]:
@@ -351,76 +209,6 @@ def activation_recorder_cases(thorough: bool = False) -> list[dict]:
         for i, device in enumerate(available_devices())
         for j, (model, names) in enumerate(plans)
     ]
-
-
-def _recorder_label(case: dict) -> str:
-    return f"{_RECORDER_MODELS[case['model']][0]}, names {case['names']}, {case['device']}"
-
-
-def _hooks_left(model: nn.Module) -> str:
-    """The forward hooks (and pre-hooks) on each submodule that has any, in words."""
-    counts = []
-    for name, module in model.named_modules():
-        count = len(module._forward_hooks) + len(module._forward_pre_hooks)
-        if count:
-            counts.append(f"{count} on {repr(name) if name else 'the model itself'}")
-    return ", ".join(counts) or "none"
-
-
-@contextlib.contextmanager
-def _global_hooks_taken_away(left: list[int]):
-    """Count the global forward hooks the body leaves behind (into ``left``), then remove them.
-
-    A leftover global hook would fire in every later forward pass of every model.
-    """
-    before = set(module_internals._global_forward_hooks)
-    try:
-        yield
-    finally:
-        added = set(module_internals._global_forward_hooks) - before
-        for key in added:
-            del module_internals._global_forward_hooks[key]
-        left.append(len(added))
-
-
-def observe_activation_recorder(fn, case: dict) -> dict:
-    """What comes back, whether it is detached, how often the model ran, which hooks are left."""
-    label = _recorder_label(case)
-    device = torch.device(case["device"])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(case["seed"])
-        model = _RECORDER_MODELS[case["model"]][1]().to(device)
-    gen = torch.Generator().manual_seed(case["seed"] + 1)
-    x = torch.randn(5, 4, generator=gen).to(device)
-    runs = []
-    # The caller's own hook: it must still be there afterwards, and fire once per call.
-    model.register_forward_hook(lambda module, inputs, output: runs.append(1))
-
-    global_left: list[int] = []
-    with _global_hooks_taken_away(global_left):
-        names = list(case["names"])
-        result = call_answer(RECORDER, "record_activations", fn, model, x, names, case=label)
-    seen = {}
-    if not isinstance(result, dict):
-        seen["what record_activations returns"] = f"a {type(result).__name__}, not a dict"
-        return seen
-    seen["the names recorded"] = str(sorted(result))
-    seen["the recorded outputs"] = {
-        name: value.detach().clone() if isinstance(value, torch.Tensor) else value
-        for name, value in result.items()
-    }
-    attached = [name for name, value in result.items() if getattr(value, "requires_grad", False)]
-    seen["the outputs still attached to the autograd graph"] = str(sorted(attached))
-    seen["the number of times the model ran"] = len(runs)
-    seen["the forward hooks on the model afterwards"] = _hooks_left(model)
-    seen["the global forward hooks left afterwards"] = global_left[0]
-
-    # The same call with an input of the wrong width: the forward pass raises inside the call.
-    bad = torch.randn(5, 7, generator=gen).to(device)
-    with _global_hooks_taken_away([]), learner_code(), contextlib.suppress(Exception):
-        fn(model, bad, list(case["names"]))  # raises: the model cannot take this input
-    seen["the forward hooks left after a forward pass that raised"] = _hooks_left(model)
-    return seen
 
 
 def _no_remove(model, x, layer_names):
@@ -596,7 +384,7 @@ ACTIVATION_RECORDER = Exercise(
     reference=ref.record_activations.__wrapped__,
     cases=activation_recorder_cases,
     observe=observe_activation_recorder,
-    label=_recorder_label,
+    label=label_activation_recorder,
     mistakes=RECORDER_MISTAKES,
     hint="register one forward hook per name on `model.get_submodule(name)`, call `model(x)` "
     "once, keep `output.detach().clone()`, and remove every handle in a `finally:` block.",
@@ -605,40 +393,6 @@ check_activation_recorder = ACTIVATION_RECORDER.check
 
 
 # ---------------------------------------------------------------- ch05_to_device
-
-TO_DEVICE = "ch05_to_device"
-
-Pair = namedtuple("Pair", ["inputs", "targets"])
-
-
-def _batch(kind: str, seed: int):
-    """A fresh batch of one of the shapes the cases use, on the CPU."""
-    gen = torch.Generator().manual_seed(seed)
-    t = lambda *shape: torch.randn(*shape, generator=gen)
-    if kind == "loader":
-        return {
-            "x": t(4, 3),
-            "y": torch.randint(0, 2, (4,), generator=gen),
-            "pair": Pair(t(2), t(2)),
-            "info": {"ids": ["a", "b", "c", "d"], "lengths": (3, 1, 2, 2), "mask": t(4) > 0},
-            "step": 7,
-        }
-    if kind == "deep":
-        return [{"a": (t(2), [{"b": (t(1), "leaf", Pair([t(3)], {"c": t(2, 2)}))}])}, None]
-    if kind == "leaves":
-        return {
-            "none": None,
-            "empty": [[], (), {}],
-            "number": 3.5,
-            "text": "hello",
-            "array": np.arange(3),
-            "half": t(2).half(),
-        }
-    if kind == "tensor":
-        return t(3, 2)
-    if kind == "sequences":
-        return ([Pair(t(1), 0), Pair(t(1), 1)], (t(2), (t(2),)))
-    raise ValueError(kind)
 
 
 def to_device_cases(thorough: bool = False) -> list[dict]:
@@ -653,57 +407,6 @@ def to_device_cases(thorough: bool = False) -> list[dict]:
         for i, device in enumerate(devices)
         for j, kind in enumerate(kinds)
     ]
-
-
-def _to_device_label(case: dict) -> str:
-    return f"a {case['batch']} batch to {case['device']}"
-
-
-def _describe(value, path: str, suffix: str, out: dict) -> None:
-    """One line per container and leaf of ``value``, keyed by where it sits."""
-    key = f"{path} {suffix}"
-    if isinstance(value, torch.Tensor):
-        dtype = str(value.dtype).replace("torch.", "")
-        text = f"a tensor on {value.device}, {dtype}, shape {list(value.shape)}"
-        if value.device.type != META:
-            values = torch.round(value.detach().cpu().double(), decimals=4).tolist()
-            text += f", values {values}"
-        out[key] = text
-    elif isinstance(value, dict):
-        out[key] = f"a {type(value).__name__} with keys {list(value)}"
-        for k, v in value.items():
-            _describe(v, f"{path}[{k!r}]", suffix, out)
-    elif isinstance(value, (list, tuple)):
-        kind = type(value).__name__
-        if hasattr(value, "_fields"):
-            kind += " (a named tuple)"
-        out[key] = f"a {kind} of {len(value)} items"
-        for i, v in enumerate(value):
-            _describe(v, f"{path}[{i}]", suffix, out)
-    else:
-        out[key] = f"the {type(value).__name__} {value!r}"
-
-
-def observe_to_device(fn, case: dict) -> dict:
-    """Every container and leaf of the result, then of the batch passed in (unchanged?)."""
-    batch = _batch(case["batch"], case["seed"])
-    label = _to_device_label(case)
-    try:
-        device = torch.device(case["device"])
-        result = call_answer(TO_DEVICE, "to_device", fn, batch, device, case=label)
-    except Mistake as err:
-        if isinstance(err.__cause__, RecursionError):
-            raise Mistake(
-                TO_DEVICE,
-                f"`to_device` never stopped recursing ({label}).\nLikely mistake: a str is a "
-                "sequence whose items are strs again, so recursing into every Sequence never "
-                "ends. Recurse into dicts, lists and tuples only; keep everything else as is.",
-            ) from err
-        raise
-    seen: dict = {}
-    _describe(result, "batch", "in the result", seen)
-    _describe(batch, "batch", "as passed in, afterwards", seen)
-    return seen
 
 
 def _no_assignment(batch, device):
@@ -806,7 +509,7 @@ TO_DEVICE_EXERCISE = Exercise(
     reference=ref.to_device.__wrapped__,
     cases=to_device_cases,
     observe=observe_to_device,
-    label=_to_device_label,
+    label=label_to_device,
     mistakes=TO_DEVICE_MISTAKES,
     hint="tensors → `tensor.to(device)`; dicts, lists and tuples → the same type with each "
     "item passed through `to_device`; anything else as it is.",

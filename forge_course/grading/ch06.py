@@ -1,4 +1,4 @@
-"""Checks for chapter 06, "The evaluation loop".
+"""Checks for chapter 06, "The evaluation loop": the grader half.
 
 Exercises:
     ch06_evaluate: ``evaluate(model, loader, loss_fn, device) -> (mean_loss, accuracy)``.
@@ -6,11 +6,11 @@ Exercises:
 Questions (checked in the notebook with `check_number` / `check_choice`):
     ch06_q_dropout_value, ch06_q_switch, ch06_q_bn_no_grad.
 
-Both exercises are observed the same way. A forward pre-hook on the model's first layer records,
-at every forward pass, whether autograd was recording (``torch.is_grad_enabled()``), whether
-inference mode was on, and whether any module was in train mode. Afterwards the observation
-notes every module's mode and every parameter's ``.grad``, so "no graph", "eval mode" and "the
-previous mode restored" are checked as facts, not guessed from the numbers.
+The learner half, `forge_course.observe.ch06`, builds the model from layers that note how they
+ran (dropout and batch norm in train mode or not, a graph recorded or not), hands the answer a
+loader whose tensors note whether they were moved, and reads after the call what the answer
+left behind: every module's mode, the parameters and buffers, ``requires_grad``, ``.grad``,
+grad mode, the loss function's settings, and whether those instruments are intact.
 """
 
 from __future__ import annotations
@@ -19,107 +19,44 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 from forge_course.device import available_devices
-from forge_course.grading.core import Exercise, Mistake, call_answer, grading_seed
+from forge_course.grading.core import Exercise, Mistake, grading_seed
+from forge_course.observe.ch06 import (
+    EVALUATE,
+    INSTRUMENTS,
+    META,
+    PREDICT,
+    label_evaluate,
+    label_predict,
+    observe_evaluate,
+    observe_predict,
+)
 from forge_course.reference import evaluation as ref
 
-EVALUATE, PREDICT = "ch06_evaluate", "ch06_predict"
-FEATURES, HIDDEN, CLASSES = 3, 16, 4
-
-# ---------------------------------------------------------------- models, data, instruments
+# ---------------------------------------------------------------- what the known mistakes share
 
 
-@contextmanager
-def _seeded(case: dict) -> Iterator[None]:
-    """Seed torch for the case, and leave the caller's random state as it was."""
-    device = torch.device(case["device"])
-    accelerator = device.type in ("cuda", "mps")
-    devices = [device.index or 0] if accelerator else []
-    with torch.random.fork_rng(devices=devices, device_type=device.type if accelerator else "cuda"):
-        torch.manual_seed(case["seed"])
-        yield
+def _refuse_tampering(grade_id: str, function: str, label):
+    """A `prepare` that stops the comparison when the answer changed the check's instruments."""
 
+    def prepare(observation, target, case: dict):
+        if (
+            isinstance(observation, dict)
+            and isinstance(target, dict)
+            and observation.get(INSTRUMENTS) != target.get(INSTRUMENTS)
+        ):
+            what = observation.get(INSTRUMENTS)
+            raise Mistake(
+                grade_id,
+                f"`{function}` tampered with the check's instruments: {what} (case: "
+                f"{label(case)}). The check's model is built from layers that note how they "
+                "ran, and an answer that rewrites or hides them scores nothing. Leave the "
+                "model's classes, methods and submodules as they are.",
+            )
+        return observation
 
-def _model(case: dict) -> torch.nn.Sequential:
-    """A small classifier with dropout (and batch norm), in the case's starting mode, with grads.
-
-    Batch norm's running statistics have seen shifted data, so they differ from any batch's own
-    statistics; every parameter has a ``.grad`` from one backward, except the last bias, whose
-    ``.grad`` is None. Evaluation must change none of it.
-    """
-    device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
-    layers = [torch.nn.Linear(FEATURES, HIDDEN)]
-    if case["model"] == "bn_dropout":
-        layers.append(torch.nn.BatchNorm1d(HIDDEN))
-    layers += [torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(HIDDEN, CLASSES)]
-    model = torch.nn.Sequential(*layers).to(device=device, dtype=dtype).train()
-    with torch.no_grad():
-        for _ in range(3):
-            model(2 * torch.randn(16, FEATURES, device=device, dtype=dtype) + 1)
-    inputs = torch.randn(8, FEATURES, device=device, dtype=dtype)
-    targets = torch.randint(0, CLASSES, (8,), device=device)
-    torch.nn.functional.cross_entropy(model(inputs), targets).backward()
-    model[-1].bias.grad = None
-    model.train(case["start"] != "eval")
-    if case["start"] == "frozen_bn":
-        model[1].eval()  # a batch norm kept frozen while the rest trains, as in fine-tuning
-    return model
-
-
-class _Spy:
-    """Records the switches that matter at every forward pass through the model."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model, self.calls = model, []
-        first = next(m for m in model.modules() if not list(m.children()))
-        self.handle = first.register_forward_pre_hook(self._record)
-
-    def _record(self, module, args) -> None:
-        self.calls.append(
-            {
-                "training": any(m.training for m in self.model.modules()),
-                "grad": torch.is_grad_enabled(),
-                "outside inference mode": not torch.is_inference_mode_enabled(),
-            }
-        )
-
-    def count(self, key: str) -> int:
-        return sum(call[key] for call in self.calls)
-
-    def remove(self) -> None:
-        self.handle.remove()
-
-
-def _modes(model: torch.nn.Module) -> dict[str, str]:
-    return {
-        f"model[{name}] ({type(m).__name__})" if name else "the model": (
-            "train" if m.training else "eval"
-        )
-        for name, m in model.named_modules()
-    }
-
-
-def _grads(model: torch.nn.Module) -> dict:
-    """Which parameters have no ``.grad``, and the values of the others."""
-    named = list(model.named_parameters())
-    return {
-        "the parameters whose .grad is None": ", ".join(name for name, p in named if p.grad is None)
-        or "(none)",
-        "the .grad of each other parameter": {
-            name: p.grad.detach().clone() for name, p in named if p.grad is not None
-        },
-    }
-
-
-def _plain(value):
-    """A learner's number as the grader compares it: tensors stay tensors (a type to correct)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if hasattr(value, "item") and not isinstance(value, (int, float)):
-        return value.item()  # a NumPy scalar
-    return float(value) if isinstance(value, float) else value
+    return prepare
 
 
 @contextmanager
@@ -146,8 +83,9 @@ def _evaluate_case(i: int, device: str, seed: int, **overrides) -> dict:
 def evaluate_cases(thorough: bool = False) -> list[dict]:
     """From train mode, from eval mode, with a frozen batch norm; uneven last batches.
 
-    Thorough: on every device, with new seeds, a label-smoothed loss (so the loss must come
-    from ``loss_fn``), float64, a one-example last batch and a single full batch.
+    Thorough: on every device, with new seeds, a label-smoothed loss and a multi-class margin
+    loss (so the loss must come from ``loss_fn``), float64, a one-example last batch and a
+    single full batch.
     """
     if not thorough:
         return [
@@ -159,7 +97,7 @@ def evaluate_cases(thorough: bool = False) -> list[dict]:
     for d, device in enumerate(available_devices()):
         wide = "float32" if device.type == "mps" else "float64"  # MPS has no float64
         variants = [
-            {"n": 30, "batch": 7},
+            {"n": 30, "batch": 7, "loss": "margin"},
             {"start": "eval", "n": 23, "batch": 8, "loss": "ce_smooth"},
             {"start": "frozen_bn", "n": 20, "batch": 6},
             {"model": "dropout", "n": 9, "batch": 4, "loss": "ce_smooth", "dtype": wide},
@@ -172,72 +110,17 @@ def evaluate_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _evaluate_label(case: dict) -> str:
-    sizes = [case["batch"]] * (case["n"] // case["batch"])
-    sizes += [case["n"] % case["batch"]] if case["n"] % case["batch"] else []
-    layers = "Linear–BatchNorm–ReLU–Dropout–Linear" if case["model"] == "bn_dropout" else (
-        "Linear–ReLU–Dropout–Linear"
-    )  # fmt: skip
-    start = "train mode, batch norm frozen in eval" if case["start"] == "frozen_bn" else (
-        f"{case['start']} mode"
-    )  # fmt: skip
-    smooth = ", label smoothing 0.1" if case["loss"] == "ce_smooth" else ""
-    return (
-        f"{layers} in {start}; {case['n']} examples in batches of "
-        f"{', '.join(map(str, sizes))}{smooth}; {case['device']}, {case['dtype']}"
-    )
+def _weighted(model, loader, loss_fn, device, per_batch=False, item=True, sums=False):
+    """The loop body the known mistakes share: sums weighted by batch size, or batch means.
 
-
-def _build_evaluate(case: dict):
-    model = _model(case)
-    gen = torch.Generator().manual_seed(case["seed"] + 1)
-    dtype = getattr(torch, case["dtype"])
-    inputs = 1.5 * torch.randn(case["n"], FEATURES, generator=gen, dtype=dtype) + 0.3
-    targets = torch.randint(0, CLASSES, (case["n"],), generator=gen)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=case["batch"])
-    smoothing = 0.1 if case["loss"] == "ce_smooth" else 0.0
-    return model, loader, torch.nn.CrossEntropyLoss(label_smoothing=smoothing)
-
-
-def observe_evaluate(fn, case: dict) -> dict:
-    """One call on a fresh model and loader: the switches at each forward, the result, after."""
-    with _seeded(case):
-        model, loader, loss_fn = _build_evaluate(case)
-        # Dropout draws from here: a wrong answer that leaves dropout on is reproducible.
-        torch.manual_seed(case["seed"] + 2)
-        spy = _Spy(model)
-        try:
-            result = call_answer(
-                EVALUATE, "evaluate", fn, model, loader, loss_fn, torch.device(case["device"]),
-                case=_evaluate_label(case),
-            )  # fmt: skip
-        finally:
-            spy.remove()
-    if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        shown = repr(result) if len(repr(result)) < 80 else f"a {type(result).__name__}"
-        raise Mistake(
-            EVALUATE,
-            f"`evaluate` should return two numbers, `(mean_loss, accuracy)`, but it returned "
-            f"{shown} (case: {_evaluate_label(case)}).",
-        )
-    return {
-        "forward passes in train mode": spy.count("training"),
-        "forward passes that recorded a graph": spy.count("grad"),
-        "the mean loss": _plain(result[0]),
-        "the accuracy": _plain(result[1]),
-        "each module's mode afterwards": _modes(model),
-        **_grads(model),
-    }
-
-
-def _weighted(model, loader, loss_fn, device, per_batch=False, item=True):
-    """The loop body the known mistakes share: sums weighted by batch size, or batch means."""
+    ``sums``: ``loss_fn`` already returns the batch's sum (its ``reduction`` is "sum").
+    """
     total_loss = correct = count = 0
     batch_losses, batch_accuracies = [], []
     for inputs, targets in loader:
         inputs, targets = inputs.to(device), targets.to(device)
         outputs = model(inputs)
-        loss = loss_fn(outputs, targets)
+        loss = loss_fn(outputs, targets) / (targets.numel() if sums else 1)
         hits = (outputs.argmax(dim=-1) == targets).sum()
         n = targets.numel()
         batch_losses.append(loss.item())
@@ -306,6 +189,35 @@ def _evaluate_tensors(model, loader, loss_fn, device):
         return _weighted(model, loader, loss_fn, device, item=False)
 
 
+def _evaluate_freezes_parameters(model, loader, loss_fn, device):
+    model.requires_grad_(False)
+    with _each_module_restored(model), torch.no_grad():
+        return _weighted(model, loader, loss_fn, device)
+
+
+def _evaluate_leaves_grad_off(model, loader, loss_fn, device):
+    torch.set_grad_enabled(False)
+    with _each_module_restored(model):
+        return _weighted(model, loader, loss_fn, device)
+
+
+def _evaluate_leaves_sum_reduction(model, loader, loss_fn, device):
+    loss_fn.reduction = "sum"
+    with _each_module_restored(model), torch.no_grad():
+        return _weighted(model, loader, loss_fn, device, sums=True)
+
+
+def _evaluate_targets_stay(model, loader, loss_fn, device):
+    total_loss = correct = count = 0
+    with _each_module_restored(model), torch.no_grad():
+        for inputs, targets in loader:
+            outputs = model(inputs.to(device))
+            total_loss += loss_fn(outputs, targets).item() * targets.numel()
+            correct += (outputs.argmax(dim=-1) == targets).sum().item()
+            count += targets.numel()
+    return total_loss / count, correct / count
+
+
 def _evaluate_zero_grad(model, loader, loss_fn, device):
     model.zero_grad()
     with _each_module_restored(model), torch.no_grad():
@@ -335,6 +247,18 @@ _NEVER_RESTORES = (
 _ZERO_GRAD = (
     "evaluation changed `.grad`. Evaluating must leave gradients alone (they belong to the "
     "training loop, which may be between accumulation steps): remove `zero_grad()`."
+)
+
+_FROZEN = (
+    "the parameters are left with `requires_grad=False`, so the training that follows gets no "
+    "gradients and learns nothing (or its `backward()` fails). `with torch.no_grad():` alone "
+    "is enough: it records nothing inside the block and changes no parameter."
+)
+_GRAD_LEFT_OFF = (
+    "autograd is still switched off after your function returns. `torch.set_grad_enabled(False)` "
+    "lasts until someone switches it back, so the training that follows records no graph and "
+    "`loss.backward()` fails. Use `with torch.no_grad():`, which switches recording back on at "
+    "the end of the block."
 )
 
 EVALUATE_MISTAKES = [
@@ -368,6 +292,21 @@ EVALUATE_MISTAKES = [
         _evaluate_tensors,
     ),
     (_ZERO_GRAD, _evaluate_zero_grad),
+    (_FROZEN, _evaluate_freezes_parameters),
+    (_GRAD_LEFT_OFF, _evaluate_leaves_grad_off),
+    (
+        "`loss_fn.reduction` is left at 'sum': the loss function belongs to the caller, and a "
+        "training loop that shares it would now sum its losses instead of averaging them (a "
+        "learning rate as many times too big as the batch). Leave it as it is and multiply "
+        "each batch's mean by the batch's size (or change a copy: `copy.copy(loss_fn)`).",
+        _evaluate_leaves_sum_reduction,
+    ),
+    (
+        "the targets stay where the loader left them: only the inputs are moved. On a GPU, "
+        '`loss_fn(outputs, targets)` would raise "Expected all tensors to be on the same '
+        'device". Move both: `inputs, targets = inputs.to(device), targets.to(device)`.',
+        _evaluate_targets_stay,
+    ),
 ]
 
 EVALUATE_EXERCISE = Exercise(
@@ -376,10 +315,12 @@ EVALUATE_EXERCISE = Exercise(
     reference=ref.evaluate.__wrapped__,
     cases=evaluate_cases,
     observe=observe_evaluate,
-    label=_evaluate_label,
+    label=label_evaluate,
     mistakes=EVALUATE_MISTAKES,
-    hint="eval mode and no_grad around the loop; add loss.item() * n and the number correct per "
-    "batch; divide by the number of examples; put every module's mode back.",
+    prepare=_refuse_tampering(EVALUATE, "evaluate", label_evaluate),
+    hint="eval mode and no_grad around the loop; move the inputs and the targets to device; add "
+    "loss.item() * n and the number correct per batch; divide by the number of examples; put "
+    "each module's mode back as it was.",
 )
 check_evaluate = EVALUATE_EXERCISE.check
 
@@ -394,16 +335,19 @@ def _predict_case(i: int, device: str, seed: int, **overrides) -> dict:
 
 
 def predict_cases(thorough: bool = False) -> list[dict]:
-    """From train mode, from eval mode and with a frozen batch norm, on the CPU.
+    """From train mode, from eval mode and with a frozen batch norm, on the CPU; and a model on
+    ``meta``, which shows on any machine whether the classes come back on the model's device.
 
     Thorough: on every device, with new seeds, inputs with an extra dimension
     (``[B, T, features]``) and float64.
     """
+    on_meta = _predict_case(3, META, 0, shape=[5])
     if not thorough:
         return [
             _predict_case(0, "cpu", 0),
             _predict_case(1, "cpu", 0, model="dropout", start="eval", shape=[5]),
             _predict_case(2, "cpu", 0, start="frozen_bn", shape=[4]),
+            on_meta,
         ]
     seed, cases = grading_seed(), []
     for d, device in enumerate(available_devices()):
@@ -418,39 +362,7 @@ def predict_cases(thorough: bool = False) -> list[dict]:
             _predict_case(10 * d + i, str(device), seed, **variant)
             for i, variant in enumerate(variants)
         ]
-    return cases
-
-
-def _predict_label(case: dict) -> str:
-    start = "train mode, batch norm frozen in eval" if case["start"] == "frozen_bn" else (
-        f"{case['start']} mode"
-    )  # fmt: skip
-    shape = [*case["shape"], FEATURES]
-    return f"model in {start}, x of shape {shape} on the CPU, model on {case['device']}"
-
-
-def observe_predict(fn, case: dict) -> dict:
-    """One call: the switches at the forward pass, the classes returned, what it left behind."""
-    with _seeded(case):
-        model = _model(case)
-        gen = torch.Generator().manual_seed(case["seed"] + 1)
-        x = torch.randn(
-            *case["shape"], FEATURES, generator=gen, dtype=getattr(torch, case["dtype"])
-        )
-        torch.manual_seed(case["seed"] + 2)
-        spy = _Spy(model)
-        try:
-            result = call_answer(PREDICT, "predict", fn, model, x, case=_predict_label(case))
-        finally:
-            spy.remove()
-    return {
-        "forward passes in train mode": spy.count("training"),
-        "forward passes that recorded a graph": spy.count("grad"),
-        "forward passes outside inference mode": spy.count("outside inference mode"),
-        "the predicted classes": _plain(result),
-        "each module's mode afterwards": _modes(model),
-        **_grads(model),
-    }
+    return [*cases, on_meta]
 
 
 def _on_device(model, x):
@@ -499,6 +411,17 @@ def _predict_always_train(model, x):
     return classes
 
 
+def _predict_freezes_parameters(model, x):
+    model.requires_grad_(False)
+    with _each_module_restored(model), torch.inference_mode():
+        return model(_on_device(model, x)).argmax(dim=-1)
+
+
+def _predict_x_stays(model, x):
+    with _each_module_restored(model), torch.inference_mode():
+        return model(x).argmax(dim=-1)
+
+
 def _predict_never_restores(model, x):
     model.eval()
     with torch.inference_mode():
@@ -528,9 +451,16 @@ PREDICT_MISTAKES = [
         "scores are; with an input of shape [B, T, features], `dim=1` picks over T instead.",
         _predict_dim_1,
     ),
+    (
+        "x is used where it arrived (on the CPU): move it to the model's device first, "
+        "`x.to(next(model.parameters()).device)`. On a GPU the forward pass would raise "
+        '"Expected all tensors to be on the same device".',
+        _predict_x_stays,
+    ),
     (_NEVER_RESTORES, _predict_never_restores),
     (_TOP_LEVEL, _predict_top_level_restore),
     (_ALWAYS_TRAIN, _predict_always_train),
+    (_FROZEN, _predict_freezes_parameters),
 ]
 
 PREDICT_EXERCISE = Exercise(
@@ -539,8 +469,9 @@ PREDICT_EXERCISE = Exercise(
     reference=ref.predict.__wrapped__,
     cases=predict_cases,
     observe=observe_predict,
-    label=_predict_label,
+    label=label_predict,
     mistakes=PREDICT_MISTAKES,
+    prepare=_refuse_tampering(PREDICT, "predict", label_predict),
     hint="move x to the model's device, then eval mode and inference_mode around one forward; "
     "return outputs.argmax(dim=-1); put every module's mode back.",
 )

@@ -14,57 +14,43 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import nn
 
 from forge_course.device import available_devices
-from forge_course.grading.core import Exercise, Mistake, call_answer, explain, grading_seed
+from forge_course.grading.core import Exercise, Mistake, grading_seed
+from forge_course.observe.ch07 import (
+    GRAD_MODELS,
+    LEAK_CASES,
+    label_grad_norm,
+    label_leak_check,
+    observe_grad_norm,
+    observe_leak_check,
+)
 from forge_course.reference import detectors as ref
 
 # ---------------------------------------------------------------- ch07_grad_norm
 
-GRAD_NORM = "ch07_grad_norm"
-
-
-class _TwoBranch(nn.Module):
-    """A model with a layer the forward never uses: its parameters require grad, get none."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.used = nn.Linear(4, 3)
-        self.spare = nn.Linear(4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.used(x)
-
-
-#: What each kind of model is, for the case label, and what to try when an answer crashes on it.
-GRAD_MODELS = {
-    "mlp": ("an MLP after one backward", ""),
-    "frozen": (
-        "an MLP whose first layer is frozen",
-        "a frozen parameter (`requires_grad=False`) has `.grad = None`: skip parameters whose "
-        "`.grad` is None.",
-    ),
-    "unused": (
-        "a model with a layer the forward never uses",
-        "a parameter the forward did not use has `.grad = None` even though it requires grad: "
-        "test `p.grad is not None`, not `p.requires_grad`.",
-    ),
-    "no_backward": (
-        "a model before any backward",
-        "before the first backward no parameter has a gradient: the norm is then 0.0.",
-    ),
-    "accumulated": ("an MLP after two backward calls", ""),
-    "zeroed": ("an MLP whose first layer's .grad was zeroed in place", ""),
+#: What to try when an answer crashes on a kind of model (the exercise text names each one).
+GRAD_MODEL_HINTS = {
+    "frozen": "a frozen parameter (`requires_grad=False`) has `.grad = None`: skip parameters "
+    "whose `.grad` is None.",
+    "unused": "a parameter the forward did not use has `.grad = None` even though it requires "
+    "grad: test `p.grad is not None`, not `p.requires_grad`.",
+    "no_backward": "before the first backward no parameter has a gradient: the norm is then 0.0.",
 }
 
 
 def grad_norm_cases(thorough: bool = False) -> list[dict]:
-    """An MLP and a half-frozen MLP on the CPU; thorough: every kind, every device, float64."""
+    """Every kind of model the exercise names, on every device, and two of them in float64;
+    thorough: the same with new seeds every grading run."""
     if not thorough:
-        return [
-            {"model": "mlp", "device": "cpu", "dtype": "float32", "seed": 0},
-            {"model": "frozen", "device": "cpu", "dtype": "float32", "seed": 1},
+        cases = [
+            {"model": kind, "device": str(device), "dtype": "float32", "seed": 10 * i + j}
+            for i, device in enumerate(available_devices())
+            for j, kind in enumerate(GRAD_MODELS)
+        ]
+        return cases + [
+            {"model": kind, "device": "cpu", "dtype": "float64", "seed": 7 + j}
+            for j, kind in enumerate(("mlp", "frozen"))
         ]
     seed = grading_seed()
     cases = []
@@ -81,62 +67,10 @@ def grad_norm_cases(thorough: bool = False) -> list[dict]:
         if device.type != "mps":  # MPS has no float64
             for kind in ("mlp", "frozen"):
                 cases.append(
-                    {
-                        "model": kind,
-                        "device": str(device),
-                        "dtype": "float64",
-                        "seed": seed + 10 * i + 7,
-                    }
-                )
+                    {"model": kind, "device": str(device), "dtype": "float64",
+                     "seed": seed + 10 * i + 7}
+                )  # fmt: skip
     return cases
-
-
-def _grad_model(case: dict) -> nn.Module:
-    """A fresh seeded model in the state the case names, its gradients filled by backward."""
-    device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
-    torch.manual_seed(case["seed"])
-    kind = case["model"]
-    if kind == "unused":
-        model = _TwoBranch()
-    else:
-        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
-    model = model.to(device=device, dtype=dtype)
-    if kind == "frozen":
-        model[0].requires_grad_(False)
-    gen = torch.Generator().manual_seed(case["seed"])
-    for _ in range({"no_backward": 0, "accumulated": 2}.get(kind, 1)):
-        x = torch.randn(6, 4, generator=gen, dtype=dtype).to(device)
-        y = torch.randint(0, 3, (6,), generator=gen).to(device)
-        # Scaled so the norm is above 1: an answer that clips to 1.0 shows it.
-        (5 * nn.functional.cross_entropy(model(x), y)).backward()
-    if kind == "zeroed":
-        model[0].zero_grad(set_to_none=False)
-    return model
-
-
-def _label(case: dict) -> str:
-    return f"{GRAD_MODELS[case['model']][0]}, {case['device']}, {case['dtype']}"
-
-
-def _plain(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, float):  # a NumPy float64 is a float: accept it as one
-        return float(value)
-    return value
-
-
-def observe_grad_norm(fn: Callable, case: dict) -> dict:
-    """What ``fn(model)`` returns, and every gradient after it (a norm must not change them)."""
-    model = _grad_model(case)
-    returned = call_answer(GRAD_NORM, "grad_norm", fn, model, case=_label(case))
-    return {
-        "the value returned": _plain(returned),
-        "the gradients after the call": {
-            name: None if p.grad is None else p.grad.detach().clone()
-            for name, p in model.named_parameters()
-        },
-    }
 
 
 def _present(model):
@@ -212,61 +146,50 @@ GRAD_NORM_MISTAKES = [
     ),
 ]
 
+GRAD_NORM = Exercise(
+    grade_id="ch07_grad_norm",
+    function="grad_norm",
+    reference=ref.grad_norm.__wrapped__,
+    cases=grad_norm_cases,
+    observe=observe_grad_norm,
+    label=label_grad_norm,
+    mistakes=GRAD_NORM_MISTAKES,
+    hint="square every gradient entry of every parameter that has a .grad, add them all up, "
+    "take one square root, and return a float.",
+)
+
 
 def _with_case_hint(err: Mistake, case: dict) -> Mistake:
     """Add the case's own hint to the message of an answer that raised on it."""
-    hint = GRAD_MODELS[case["model"]][1]
+    hint = GRAD_MODEL_HINTS.get(case["model"], "")
     message = str(err).split("] ", 1)[1]
     if not hint or err.__cause__ is None or "Likely mistake" in message:
         return err
-    return Mistake(GRAD_NORM, f"{message}\nLikely mistake: {hint}")
+    return Mistake(GRAD_NORM.grade_id, f"{message}\nLikely mistake: {hint}")
 
 
 def check_grad_norm(grad_norm: Callable, thorough: bool = False) -> None:
     """Compare ``grad_norm`` with the reference; name the usual slip when they differ."""
+    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
     for case in grad_norm_cases(thorough):
         try:
             got = observe_grad_norm(grad_norm, case)
         except Mistake as err:
             raise _with_case_hint(err, case) from err.__cause__
-        explain(
-            GRAD_NORM,
-            got,
-            observe_grad_norm(ref.grad_norm.__wrapped__, case),
-            case=_label(case),
-            known_mistakes=[
-                (msg, lambda wrong=wrong, case=case: observe_grad_norm(wrong, case))
-                for msg, wrong in GRAD_NORM_MISTAKES
-            ],
-            hint="square every gradient entry of every parameter that has a .grad, add them all "
-            "up, take one square root, and return a float.",
-        )
+        GRAD_NORM.judge(case, got)
 
 
 # ---------------------------------------------------------------- ch07_leak_check
 
-LEAK_CHECK = "ch07_leak_check"
-
-#: Each container the check builds, with a few words for the case label.
-LEAK_CASES = {
-    "list_of_losses": "three losses in a list",
-    "mixed_log": "a log mixing floats, a detached loss, a loss, a string and None",
-    "nested": "losses in nested dicts and lists",
-    "leaves": "a parameter, its gradient and an output, in a tuple",
-    "no_graph": "tensors made under no_grad, an argmax and a fresh leaf",
-    "running_total": "a single tensor, total = total + loss",
-    "deep": "losses nested four lists deep",
-    "empty": "empty lists and tuples in a dict",
-    "number": "a plain float",
-}
-
 
 def leak_cases(thorough: bool = False) -> list[dict]:
-    """A list and a nested log on the CPU; thorough: every container, every device, float64."""
+    """Every object the exercise names, on every device; thorough: the same in float64 on every
+    other device, with new seeds every grading run."""
     if not thorough:
         return [
-            {"name": "list_of_losses", "device": "cpu", "dtype": "float32", "seed": 0},
-            {"name": "nested", "device": "cpu", "dtype": "float32", "seed": 1},
+            {"name": name, "device": str(device), "dtype": "float32", "seed": 20 * i + j}
+            for i, device in enumerate(available_devices())
+            for j, name in enumerate(LEAK_CASES)
         ]
     seed = grading_seed()
     cases = []
@@ -279,63 +202,18 @@ def leak_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _leak_container(case: dict):
-    """The container a case names, built fresh from a small seeded linear model."""
-    device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
-    torch.manual_seed(case["seed"])
-    model = nn.Linear(3, 2).to(device=device, dtype=dtype)
-    x = torch.randn(4, 3, dtype=dtype, device=device)
-
-    def loss() -> torch.Tensor:
-        return model(x).pow(2).mean()
-
-    name = case["name"]
-    if name == "list_of_losses":
-        return [loss(), loss(), loss()]
-    if name == "mixed_log":
-        return [loss().item(), loss().detach(), loss(), "epoch 1", None]
-    if name == "nested":
-        return {
-            "last": loss(),
-            "train": [loss(), loss().detach(), 0.5],
-            "val": {"loss": loss(), "accuracy": 0.75},
-            "notes": "run 3",
-        }
-    if name == "leaves":
-        loss().backward()
-        return (model.weight, model.weight.grad, model(x))
-    if name == "no_graph":
-        with torch.no_grad():
-            scores = model(x)
-        return [scores, model(x).argmax(dim=1), torch.zeros(2, requires_grad=True)]
-    if name == "running_total":
-        total = 0.0
-        for _ in range(3):
-            total = total + loss()
-        return total
-    if name == "deep":
-        return [[[[loss()]]], ([loss()], "done")]
-    if name == "empty":
-        return {"losses": [], "steps": (), "best": None}
-    return 0.25
-
-
-def observe_leak_check(fn: Callable, case: dict) -> dict:
-    """What ``fn(container)`` returns for the case's container."""
-    returned = call_answer(
-        LEAK_CHECK, "graph_leaks", fn, _leak_container(case), case=LEAK_CASES[case["name"]]
-    )
-    return {"the count returned": _plain(returned)}
-
-
-def _walk(obj, visit: Callable[[torch.Tensor], bool], open_dict=lambda d: d.values()) -> int:
+def _walk(obj, visit: Callable[[torch.Tensor], bool], open_dict=dict.values, opened=(list, tuple)):
     if isinstance(obj, torch.Tensor):
         return int(visit(obj))
     if isinstance(obj, dict):
-        return sum(_walk(v, visit, open_dict) for v in open_dict(obj))
-    if isinstance(obj, (list, tuple)):
-        return sum(_walk(v, visit, open_dict) for v in obj)
+        return sum(_walk(v, visit, open_dict, opened) for v in open_dict(obj))
+    if isinstance(obj, opened):
+        return sum(_walk(v, visit, open_dict, opened) for v in obj)
     return 0
+
+
+def _holds_graph(tensor: torch.Tensor) -> bool:
+    return tensor.grad_fn is not None
 
 
 def _requires_grad(obj):
@@ -347,7 +225,26 @@ def _every_tensor(obj):
 
 
 def _dict_keys(obj):
-    return _walk(obj, lambda t: t.grad_fn is not None, open_dict=lambda d: list(d))
+    return _walk(obj, _holds_graph, open_dict=list)
+
+
+def _keys_and_values(obj):
+    return _walk(obj, _holds_graph, open_dict=lambda d: [*d, *d.values()])
+
+
+def _opens_sets(obj):
+    return _walk(obj, _holds_graph, opened=(list, tuple, set, frozenset))
+
+
+def _once_each(obj):
+    seen = set()
+
+    def first_time(tensor):
+        new = _holds_graph(tensor) and id(tensor) not in seen
+        seen.add(id(tensor))
+        return new
+
+    return _walk(obj, first_time)
 
 
 def _top_level(obj):
@@ -358,7 +255,7 @@ def _top_level(obj):
 
 
 def _returns_bool(obj):
-    return _walk(obj, lambda t: t.grad_fn is not None) > 0
+    return _walk(obj, _holds_graph) > 0
 
 
 LEAK_MISTAKES = [
@@ -378,6 +275,22 @@ LEAK_MISTAKES = [
         _dict_keys,
     ),
     (
+        "the dict's keys were searched as well as its values. A log's entries are its values; "
+        "search `d.values()` only, even when a key is a tensor.",
+        _keys_and_values,
+    ),
+    (
+        "a set was searched. Only lists, tuples and dicts are opened; a set, a frozenset or any "
+        "other object counts 0.",
+        _opens_sets,
+    ),
+    (
+        "a tensor stored in several places was counted once. The count is of places: a tensor "
+        "stored twice counts twice, so drop the de-duplication (by `id()`, with a set, by value "
+        "or by storage).",
+        _once_each,
+    ),
+    (
         "only the top level was searched. Lists, tuples and dicts can hold more containers: "
         "call the function on each item (recursion) to count what is inside them too.",
         _top_level,
@@ -388,34 +301,36 @@ LEAK_MISTAKES = [
     ),
 ]
 
+LEAK_CHECK = Exercise(
+    grade_id="ch07_leak_check",
+    function="graph_leaks",
+    reference=ref.graph_leaks.__wrapped__,
+    cases=leak_cases,
+    observe=observe_leak_check,
+    label=label_leak_check,
+    mistakes=LEAK_MISTAKES,
+    hint="a tensor counts 1 when its grad_fn is not None, every time it is stored; lists, tuples "
+    "and dict values are searched, nested to any depth; everything else counts 0.",
+)
+
 
 def check_leak_check(graph_leaks: Callable, thorough: bool = False) -> None:
     """Compare ``graph_leaks`` with the reference on logs of every shape."""
+    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
     for case in leak_cases(thorough):
         try:
             got = observe_leak_check(graph_leaks, case)
         except Mistake as err:
             if isinstance(err.__cause__, RecursionError):
                 raise Mistake(
-                    LEAK_CHECK,
-                    f"`graph_leaks` recursed forever (case: {LEAK_CASES[case['name']]}).\n"
+                    LEAK_CHECK.grade_id,
+                    f"`graph_leaks` recursed forever (case: {label_leak_check(case)}).\n"
                     "Likely mistake: a string is iterable, and each of its characters is a "
                     "string again, so recursing into every iterable never ends. Open only "
                     "lists, tuples and dicts.",
                 ) from err.__cause__
             raise
-        explain(
-            LEAK_CHECK,
-            got,
-            observe_leak_check(ref.graph_leaks.__wrapped__, case),
-            case=LEAK_CASES[case["name"]],
-            known_mistakes=[
-                (msg, lambda wrong=wrong, case=case: observe_leak_check(wrong, case))
-                for msg, wrong in LEAK_MISTAKES
-            ],
-            hint="a tensor counts 1 when its grad_fn is not None; lists, tuples and dict values "
-            "are searched, nested to any depth; everything else counts 0.",
-        )
+        LEAK_CHECK.judge(case, got)
 
 
 # ---------------------------------------------------------------- ch07_mystery_loops
@@ -484,24 +399,4 @@ def check_labels(
         )
 
 
-# The records the isolated grader runs (the checks above add per-case hints for notebooks).
-EXERCISES = [
-    Exercise(
-        grade_id=GRAD_NORM,
-        function="grad_norm",
-        reference=ref.grad_norm.__wrapped__,
-        cases=grad_norm_cases,
-        observe=observe_grad_norm,
-        label=_label,
-        mistakes=GRAD_NORM_MISTAKES,
-    ),
-    Exercise(
-        grade_id=LEAK_CHECK,
-        function="graph_leaks",
-        reference=ref.graph_leaks.__wrapped__,
-        cases=leak_cases,
-        observe=observe_leak_check,
-        label=lambda case: str(case.get("name", case)),
-        mistakes=LEAK_MISTAKES,
-    ),
-]
+EXERCISES = [GRAD_NORM, LEAK_CHECK]

@@ -18,15 +18,15 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from forge_course.device import available_devices
-from forge_course.grading.core import Exercise, Mistake, call_answer, grading_seed
+from forge_course.device import available_devices, tolerance
+from forge_course.grading.core import Exercise, Mistake, first_difference, grading_seed
+from forge_course.observe.ch08 import HISTORY_KEYS, observe_arena_config, observe_fit
 from forge_course.reference import training as ref
 from forge_course.sims import arena
 from forge_course.sims.trainer import torch_threads
 
 # ---------------------------------------------------------------- ch08_fit
 
-HISTORY_KEYS = ("lr", "train_loss", "val_accuracy")  # compared in this order: lr explains the rest
 N_TRAIN = 300  # training points of the spiral track
 
 
@@ -73,10 +73,6 @@ def fit_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _config(case: dict) -> dict:
-    return {key: case[key] for key in ref.DEFAULT_CONFIG}
-
-
 def _label(case: dict) -> str:
     batches = ref.steps_per_epoch(N_TRAIN, case["batch_size"])
     last = N_TRAIN - (batches - 1) * case["batch_size"]
@@ -87,11 +83,15 @@ def _label(case: dict) -> str:
     )
 
 
-def _format_problem(history, case: dict) -> str | None:
-    """What is wrong with the shape of ``history`` itself, before any number is compared."""
+def _format_problem(history: dict, case: dict) -> str | None:
+    """What is wrong with the shape of the history itself, before any number is compared.
+
+    ``history`` is what `observe_fit` made of it: a 1-D tensor per key, or a description.
+    """
     wanted = "a dict with the keys 'train_loss', 'val_accuracy' and 'lr'"
-    if not isinstance(history, dict):
-        return f"`fit` should return {wanted}, but it returned a {type(history).__name__}."
+    if not isinstance(history, dict) or "returned" in history:
+        kind = history.get("returned") if isinstance(history, dict) else type(history).__name__
+        return f"`fit` should return {wanted}, but it returned a {kind}."
     missing = [key for key in HISTORY_KEYS if key not in history]
     if missing:
         return f"the history is missing the key(s) {missing}; `fit` should return {wanted}."
@@ -107,18 +107,19 @@ def _format_problem(history, case: dict) -> str | None:
     }
     for key, (length, meaning) in lengths.items():
         values = history[key]
-        if not isinstance(values, (list, tuple)):
+        if isinstance(values, dict) and values.get("type") == "tensor" and "entry" in values:
             return (
-                f"history[{key!r}] should be a list of floats, but it is a {type(values).__name__}."
+                f"history[{key!r}][{values['entry']}] is a tensor, not a float: store `.item()`. "
+                "A kept loss tensor keeps its whole graph in memory."
             )
-        for i, value in enumerate(values):
-            if isinstance(value, torch.Tensor):
-                return (
-                    f"history[{key!r}][{i}] is a tensor, not a float: store `.item()`. A kept "
-                    "loss tensor keeps its whole graph in memory."
-                )
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                return f"history[{key!r}][{i}] should be a float, but it is {value!r}."
+        if isinstance(values, dict) and "entry" in values:
+            return (
+                f"history[{key!r}][{values['entry']}] should be a float, but it is "
+                f"{values.get('value')}."
+            )
+        if not isinstance(values, torch.Tensor) or values.dim() != 1:
+            kind = values.get("type") if isinstance(values, dict) else type(values).__name__
+            return f"history[{key!r}] should be a list of floats, but it is a {kind}."
         if len(values) != length:
             return (
                 f"history[{key!r}] has {len(values)} entries but should have {length}: {meaning}."
@@ -126,21 +127,73 @@ def _format_problem(history, case: dict) -> str | None:
     return None
 
 
-def observe_fit(fn, case: dict) -> dict:
-    """Run ``fn`` on a fresh copy of the case's config; the history as tensors, lr first.
+def _first_disagreement(got: torch.Tensor, want: torch.Tensor) -> int | None:
+    """The index of the first entry of ``got`` that differs from ``want``; None if none does."""
+    tol = tolerance(want.dtype, want.device)
+    close = torch.isclose(got.to(want.device, want.dtype), want, equal_nan=True, **tol).cpu()
+    return None if bool(close.all()) else int((~close).int().argmax())
 
-    Losses and accuracies become float32 tensors on the case's device, so they are compared
-    with that device's tolerance; learning rates are host arithmetic and compared in float64.
-    """
-    history = call_answer("ch08_fit", "fit", fn, _config(case), case["device"], case=_label(case))
-    problem = _format_problem(history, case)
-    if problem:
-        raise Mistake("ch08_fit", f"{problem} (case: {_label(case)})")
-    return {
-        "lr": torch.tensor(history["lr"], dtype=torch.float64),
-        "train_loss": torch.tensor(history["train_loss"], device=case["device"]),
-        "val_accuracy": torch.tensor(history["val_accuracy"], device=case["device"]),
-    }
+
+def _what_differs(got: dict, want: dict, case: dict) -> str:
+    """Which numbers of the history differ, from which step or epoch, and where to look."""
+    batches = ref.steps_per_epoch(N_TRAIN, case["batch_size"])
+    at = {key: _first_disagreement(got[key], want[key]) for key in HISTORY_KEYS}
+    lines = ["What differs from the reference's run:"]
+    for key in HISTORY_KEYS:
+        i = at[key]
+        if i is None:
+            lines.append(f"  {key}: the same at every {'step' if key == 'lr' else 'epoch'}.")
+            continue
+        where = (
+            f"step {i + 1} (epoch {i // batches + 1}, batch {i % batches + 1})"
+            if key == "lr"
+            else f"epoch {i + 1}"
+        )
+        same = "" if i == 0 else f"the same before {where}; "
+        lines.append(
+            f"  {key}: {same}at {where} it should be {want[key][i].item():.8g}, "
+            f"but it is {got[key][i].item():.8g}."
+        )
+    lines.append("Where to look: " + _where_to_look(at))
+    return "\n".join(lines)
+
+
+def _where_to_look(at: dict) -> str:
+    """Where the pattern of first differences points, from the rate to the validation."""
+    if at["lr"] is not None:
+        return (
+            "the learning rates differ, so start with the rate: the optimizer's `lr`, the "
+            "schedule's arguments, how often `scheduler.step()` runs (once per epoch for step "
+            "and cosine, after every `optimizer.step()` for onecycle), and that each rate is read "
+            "just before `optimizer.step()`."
+        )
+    if at["train_loss"] is None:
+        return (
+            "training matches the reference; only the validation differs: the accuracy on all "
+            "of `X_val`, in eval mode, without a graph, as the fraction classified right."
+        )
+    if at["train_loss"] == 0:
+        where = (
+            "the rates agree, but epoch 1's training loss already differs: the data, "
+            "`make_model(config)`, the batch order (`randperm` from `gen`), the optimizer's other "
+            "settings (momentum, weight decay), the loss, and the epoch's mean (over examples)."
+        )
+    else:
+        where = (
+            "epoch 1's training loss agrees and a later one does not: look at what changes "
+            "between epochs: the mode the model is in when an epoch starts, random numbers drawn "
+            "outside the batches (dropout during validation), a new batch order every epoch, "
+            "settings whose effect builds up step by step (momentum, weight decay), and how the "
+            "epoch's mean weighs its short last batch (early on every batch's loss is about the "
+            "same, so a wrong weighting shows only later)."
+        )
+    if at["val_accuracy"] is None:
+        where += (
+            " Every validation accuracy agrees: that points at how the epoch's loss is added up "
+            "(each batch's mean weighed by its size, divided by the number of examples), or at a "
+            "change too small to flip a prediction."
+        )
+    return where
 
 
 def flawed_fit(*flaws: str):
@@ -286,7 +339,39 @@ FIT_MISTAKES = {
 }
 
 
-FIT = Exercise(
+@dataclass(frozen=True)
+class FitExercise(Exercise):
+    """``fit``'s check: a known mistake is named only when it reproduces the whole history.
+
+    A run is many numbers that depend on each other, so one differing key says little about
+    why: an answer with two slips shares its learning rates with one of them and nothing else.
+    When no known mistake reproduces the answer's history exactly, the message says which
+    numbers differ, from which step or epoch, and where that points.
+    """
+
+    def judge(self, case: dict, got) -> None:
+        """Raise a `Mistake` unless the history ``got``, observed on ``case``, is the reference's
+        (up to rounding)."""
+        __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+        want = self.expected(case)
+        where = f" (case: {self.label(case)})"
+        problem = _format_problem(got, case)
+        if problem:
+            raise Mistake(self.grade_id, f"{problem}{where}")
+        diff = first_difference(got, want)
+        if diff is None:
+            return
+        for i, (message, wrong) in enumerate(self.mistakes):
+            try:
+                theirs = self._observed(f"mistake {i}", wrong, case)
+            except Exception:  # noqa: BLE001  (a wrong implementation that fails explains nothing)
+                continue
+            if first_difference(got, theirs) is None:
+                raise Mistake(self.grade_id, f"{diff}{where}.\nLikely mistake: {message}")
+        raise Mistake(self.grade_id, f"{diff}{where}.\n{_what_differs(got, want, case)}")
+
+
+FIT = FitExercise(
     grade_id="ch08_fit",
     function="fit",
     reference=ref.fit.__wrapped__,
@@ -294,15 +379,8 @@ FIT = Exercise(
     observe=observe_fit,
     label=_label,
     mistakes=[(message, flawed_fit(flaw)) for flaw, message in FIT_MISTAKES.items()],
-    hint="follow the spec line by line: make_model, the optimizer, the schedule and where it "
-    "steps, one permutation per epoch from `gen`, eval mode for validation.",
 )
-
-
-def check_fit(fit, thorough: bool = False) -> None:
-    """Compare ``fit`` with the reference run by run; name the known mistake it makes, if any."""
-    with torch_threads(1):  # a model this small trains fastest on one thread
-        FIT.check(fit, thorough)
+check_fit = FIT.check
 
 
 # ---------------------------------------------------------------- ch08_arena_config
@@ -314,11 +392,6 @@ def arena_cases(thorough: bool = False) -> list[dict]:
         return [{"seed": 0}]
     rng = random.Random(grading_seed())
     return [{"seed": 0}, *({"seed": s} for s in rng.sample(range(1, 100_000), 2))]
-
-
-def observe_arena_config(fn, case: dict):
-    """What ``make_arena_config()`` returns: the config, run by the grader, not by the answer."""
-    return call_answer("ch08_arena_config", "make_arena_config", fn)
 
 
 def _why_not_reached(config: dict, result: arena.ArenaResult) -> str:

@@ -1,10 +1,17 @@
-"""Checks for chapter 10, "Scaling on one device".
+"""Checks for chapter 10, "Scaling on one device": the grader's half.
+
+The learner's half, `forge_course.observe.ch10`, builds the inputs, calls the answer and
+reports; here are the cases, the references, the known mistakes and what counts as equal.
 
 Exercises:
     ch10_accumulate_step: ``accumulate_step(model, optimizer, loss_fn, micro_batches,
-        max_grad_norm=None) -> float``, one update equal to one step on the whole batch.
-    ch10_amp_step: ``amp_train_step(model, optimizer, loss_fn, x, y, scaler=None) -> float``.
-    ch10_checkpointed_forward: ``checkpointed_forward(layers, x, segments) -> Tensor``.
+        max_grad_norm=None) -> float``, one update equal to one step on the whole batch, from
+        one forward and backward per micro-batch.
+    ch10_amp_step: ``amp_train_step(model, optimizer, loss_fn, x, y, scaler=None) -> float``,
+        autocast on ``x``'s device type: bfloat16 on the CPU, float16 on CUDA and MPS (or
+        bfloat16 where the GPU runs it).
+    ch10_checkpointed_forward: ``checkpointed_forward(layers, x, segments) -> Tensor``: no more
+        bytes kept for backward than the reference, and every block recomputed in backward.
 Questions:
     ch10_q_tail_weight, ch10_q_scaler, ch10_q_saved_bytes.
 """
@@ -16,26 +23,26 @@ import math
 import torch
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-from forge_course.device import available_devices
-from forge_course.grading.core import Exercise, Mistake, call_answer, grading_seed
+from forge_course.device import available_devices, tolerance
+from forge_course.grading.core import Exercise, grading_seed
+from forge_course.observe.ch10 import (
+    KEPT,
+    label_accumulate,
+    label_amp,
+    label_checkpointed,
+    observe_accumulate_step,
+    observe_amp_step,
+    observe_checkpointed_forward,
+)
 from forge_course.reference import accumulation as ref_accumulation
 from forge_course.reference import amp as ref_amp
 from forge_course.reference import checkpointing as ref_checkpointing
-from forge_course.reference.memory import saved_activation_bytes
 
 
 def _devices_and_seeds(thorough: bool):
     seed = grading_seed() if thorough else 0
     devices = available_devices() if thorough else [torch.device("cpu")]
     return seed, devices
-
-
-def _parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
-
-
-def _plain(value):
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
 # ---------------------------------------------------------------- ch10_accumulate_step
@@ -65,49 +72,6 @@ def accumulate_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _accumulate_setup(case: dict):
-    device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
-    torch.manual_seed(case["seed"])
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    model = model.to(device=device, dtype=dtype)
-    params = model.parameters()
-    optimizer = {
-        "sgd": lambda: torch.optim.SGD(params, lr=0.1),
-        "momentum": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
-        "adamw": lambda: torch.optim.AdamW(params, lr=0.05, weight_decay=0.1),
-    }[case["optimizer"]]()
-    gen = torch.Generator().manual_seed(case["seed"])
-    groups = []
-    for _ in range(2):
-        group = []
-        for size in case["sizes"]:
-            x = torch.randn(size, 4, generator=gen, dtype=dtype)
-            y = torch.randn(size, 2, generator=gen, dtype=dtype)
-            group.append((x.to(device), y.to(device)))
-        groups.append(group)
-    return model, optimizer, torch.nn.MSELoss(), groups
-
-
-def _accumulate_label(case: dict) -> str:
-    clip = f", clipped to {case['clip']}" if case["clip"] is not None else ""
-    return (f"micro-batch sizes {case['sizes']}{clip}, {case['optimizer']}, {case['dtype']}, "
-            f"{case['device']}")  # fmt: skip
-
-
-def observe_accumulate_step(fn, case: dict) -> dict:
-    """Two updates from two groups of micro-batches: each returned value and the parameters."""
-    model, optimizer, loss_fn, groups = _accumulate_setup(case)
-    seen = {}
-    for call, group in enumerate(groups, start=1):
-        returned = call_answer(
-            "ch10_accumulate_step", "accumulate_step", fn, model, optimizer, loss_fn, group,
-            case["clip"], case=_accumulate_label(case),
-        )  # fmt: skip
-        seen[f"the value returned by call {call}"] = _plain(returned)
-        seen[f"the parameters after call {call}"] = _parameters(model)
-    return seen
-
-
 def _wrong_accumulate(*, one_over_k=False, clip_each=False, zero_grad=True, plain_mean=False):
     def wrong(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
         total = sum(len(x) for x, _ in micro_batches)
@@ -128,6 +92,18 @@ def _wrong_accumulate(*, one_over_k=False, clip_each=False, zero_grad=True, plai
         return sum(losses) / len(losses) if plain_mean else weighted
 
     return wrong
+
+
+def _concatenated(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    optimizer.zero_grad()
+    x = torch.cat([x for x, _ in micro_batches])
+    y = torch.cat([y for _, y in micro_batches])
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item()
 
 
 ACCUMULATE_MISTAKES = [
@@ -152,6 +128,13 @@ ACCUMULATE_MISTAKES = [
         "as the gradient is, so the result is the mean over all N examples.",
         _wrong_accumulate(plain_mean=True),
     ),
+    (
+        "the micro-batches were concatenated into one batch for a single forward pass. That is "
+        "the big batch itself, with every example's activations in memory at once, which is "
+        "what accumulation exists to avoid. Run forward and backward on each micro-batch in "
+        "turn and let `.grad` add up.",
+        _concatenated,
+    ),
 ]
 
 ACCUMULATE = Exercise(
@@ -160,10 +143,10 @@ ACCUMULATE = Exercise(
     reference=ref_accumulation.accumulate_step.__wrapped__,
     cases=accumulate_cases,
     observe=observe_accumulate_step,
-    label=_accumulate_label,
+    label=label_accumulate,
     mistakes=ACCUMULATE_MISTAKES,
-    hint="zero_grad, then for each micro-batch backward of loss·n_i/N, then clip once (if asked), "
-    "step once, and return the n_i/N-weighted mean loss as a float.",
+    hint="zero_grad, then for each micro-batch in turn a forward and a backward of loss·n_i/N, "
+    "then clip once (if asked), step once, and return the n_i/N-weighted mean loss as a float.",
 )
 check_accumulate_step = ACCUMULATE.check
 
@@ -172,78 +155,58 @@ check_accumulate_step = ACCUMULATE.check
 
 
 def amp_cases(thorough: bool = False) -> list[dict]:
-    """CPU with the device's own scaler (none); thorough adds AdamW, a scaler, an overflow."""
+    """The CPU without a scaler; thorough adds AdamW, scalers, an overflow, every device, and a
+    CPU batch that says it is on CUDA (so that a hard-coded "cpu" shows on any machine)."""
     if not thorough:
-        return [{"device": "cpu", "optimizer": "momentum", "scaler": "auto", "seed": 0}]
+        return [{"device": "cpu", "optimizer": "momentum", "scaler": "none", "seed": 0}]
     seed, devices = _devices_and_seeds(thorough)
     cases = []
     for i, device in enumerate(devices):
-        plans = [("momentum", "auto"), ("adamw", "auto"), ("momentum", "overflow")]
+        # A float16 device gets the run's scaler, as `make_scaler` would give it.
+        float16 = ref_amp.autocast_dtype.__wrapped__(device) == torch.float16
+        own = "given" if float16 else "none"
+        plans = [("momentum", own), ("adamw", own), ("momentum", "overflow")]
         if device.type == "cpu":
             plans.append(("adamw", "given"))  # a scaler passed on the CPU must still be used
         for j, (optimizer, scaler) in enumerate(plans):
             cases.append({"device": str(device), "optimizer": optimizer, "scaler": scaler,
                           "seed": seed + 10 * i + j})  # fmt: skip
+    cases.append({"device": "cpu", "claims": "cuda", "optimizer": "momentum", "scaler": "none",
+                  "seed": seed + 99})  # fmt: skip
     return cases
 
 
-def _amp_label(case: dict) -> str:
-    scaler = {
-        "auto": "the device's scaler (None on the CPU)",
-        "given": "a GradScaler passed in",
-        "overflow": "a GradScaler and an inf gradient",
-    }[case["scaler"]]
-    return f"{case['device']}, {case['optimizer']}, {scaler}"
+def _bfloat16_on_a_gpu(observation, target, case: dict):
+    """Accept bfloat16 where the reference runs float16 (CUDA, MPS): a GPU that ran the forward
+    in bfloat16 supports it, and bfloat16 needs no scaler (one passed in may still be used).
+    The loss is then compared at bfloat16's precision; the parameters already are."""
+    on_a_gpu = torch.device(case["device"]).type != "cpu"
+    if not (on_a_gpu and isinstance(observation, dict) and isinstance(target, dict)):
+        return observation
+    dtypes = [key for key in target if key.startswith("the dtype of the model's output")]
+    ran = [(target[key], observation.get(key)) for key in dtypes]
+    if not ran or any(pair != ("torch.float16", "torch.bfloat16") for pair in ran):
+        return observation
+    accepted = {**observation, **{key: target[key] for key in dtypes}}
+    tol = tolerance(torch.bfloat16, case["device"])
+    for key, want in target.items():
+        got = observation.get(key)
+        close = (
+            isinstance(got, float | int)
+            and isinstance(want, float)
+            and math.isclose(got, want, rel_tol=tol["rtol"], abs_tol=tol["atol"])
+        )
+        if key.startswith("the value returned") and close:
+            accepted[key] = want
+    return accepted
 
 
-def observe_amp_step(fn, case: dict) -> dict:
-    """Two steps: the returned loss, the model's output dtype, the parameters, the scale."""
-    device = torch.device(case["device"])
-    torch.manual_seed(case["seed"])
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-    model = model.to(device)
-    params = model.parameters()
-    optimizer = {
-        "momentum": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
-        "adamw": lambda: torch.optim.AdamW(params, lr=0.01),
-    }[case["optimizer"]]()
-    if case["scaler"] == "auto":
-        scaler = ref_amp.make_scaler.__wrapped__(device)
-    else:
-        scaler = torch.amp.GradScaler(device.type)
-    if case["scaler"] == "overflow":
-        # As if a scaled gradient had overflowed float16: the scaler must skip the update.
-        model[0].weight.register_hook(lambda grad: torch.full_like(grad, math.inf))
-    dtypes = []
-    model.register_forward_hook(lambda module, args, out: dtypes.append(str(out.dtype)))
-    gen = torch.Generator().manual_seed(case["seed"])
-    rounded = ref_amp.autocast_dtype.__wrapped__(device)
-    seen = {}
-    for call in (1, 2):
-        x = torch.randn(32, 8, generator=gen).to(device)
-        y = torch.randint(0, 3, (32,), generator=gen).to(device)
-        dtypes.clear()
-        returned = call_answer(
-            "ch10_amp_step", "amp_train_step", fn, model, optimizer, torch.nn.CrossEntropyLoss(),
-            x, y, scaler, case=_amp_label(case),
-        )  # fmt: skip
-        seen[f"the dtype of the model's output in call {call}"] = dtypes[0] if dtypes else None
-        seen[f"the value returned by call {call}"] = _plain(returned)
-        # Compared at the precision the forward pass ran in: that is all AMP promises.
-        seen[f"the parameters after call {call} (rounded to {str(rounded)[6:]})"] = {
-            name: p.detach().to(rounded) for name, p in model.named_parameters()
-        }
-        if scaler is not None:
-            seen[f"the scaler's scale after call {call}"] = float(scaler.get_scale())
-    return seen
-
-
-def _wrong_amp(*, autocast=True, dtype=None, use_scaler=True):
+def _wrong_amp(*, autocast=True, dtype=None, use_scaler=True, kind=None):
     def wrong(model, optimizer, loss_fn, x, y, scaler=None):
         optimizer.zero_grad()
-        kind = x.device.type
-        low = dtype or (torch.bfloat16 if kind == "cpu" else torch.float16)
-        with torch.autocast(kind, dtype=low, enabled=autocast):
+        kind_used = kind or x.device.type
+        low = dtype or (torch.bfloat16 if kind_used == "cpu" else torch.float16)
+        with torch.autocast(kind_used, dtype=low, enabled=autocast):
             loss = loss_fn(model(x), y)
         if scaler is None or not use_scaler:
             loss.backward()
@@ -258,6 +221,12 @@ def _wrong_amp(*, autocast=True, dtype=None, use_scaler=True):
 
 
 AMP_MISTAKES = [
+    (
+        'autocast was entered for the CPU whatever the input\'s device (`torch.autocast("cpu", '
+        "...)`), which does nothing to a GPU's arithmetic. Take the device type from the input: "
+        "`torch.autocast(x.device.type, dtype=...)`.",
+        _wrong_amp(kind="cpu"),
+    ),
     (
         "the forward pass ran in float32: run the model and the loss inside "
         "`with torch.autocast(x.device.type, dtype=...)` (bfloat16 on the CPU, float16 on "
@@ -283,11 +252,12 @@ AMP = Exercise(
     reference=ref_amp.amp_train_step.__wrapped__,
     cases=amp_cases,
     observe=observe_amp_step,
-    label=_amp_label,
+    label=label_amp,
     mistakes=AMP_MISTAKES,
-    hint="zero_grad; forward and loss under autocast with the device's dtype; then either "
-    "loss.backward() and optimizer.step(), or, with a scaler, scale/backward, step, update; "
-    "return loss.item().",
+    prepare=_bfloat16_on_a_gpu,
+    hint="zero_grad; forward and loss under autocast for x's device type, with its dtype; then "
+    "either loss.backward() and optimizer.step(), or, with a scaler, scale/backward, step, "
+    "update; return loss.item().",
 )
 check_amp_step = AMP.check
 
@@ -320,66 +290,6 @@ def checkpoint_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _checkpoint_label(case: dict) -> str:
-    grad = ", the input requires grad" if case["input_grad"] else ""
-    return (f"{case['layers']} blocks in {case['segments']} segments, as a {case['container']}, "
-            f"{case['dtype']}, {case['device']}{grad}")  # fmt: skip
-
-
-def _checkpoint_setup(case: dict):
-    device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
-    torch.manual_seed(case["seed"])
-    width = 4
-    blocks = [
-        torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
-                            torch.nn.Linear(4 * width, width)).to(device=device, dtype=dtype)
-        for _ in range(case["layers"])
-    ]  # fmt: skip
-    layers = {
-        "modulelist": torch.nn.ModuleList,
-        "sequential": lambda b: torch.nn.Sequential(*b),
-        "list": list,
-    }[case["container"]](blocks)
-    gen = torch.Generator().manual_seed(case["seed"])
-    x = torch.randn(3, width, generator=gen, dtype=dtype).to(device)
-    weights = torch.randn(3, width, generator=gen, dtype=dtype).to(device)
-    return blocks, layers, x, weights
-
-
-def observe_checkpointed_forward(fn, case: dict) -> dict:
-    """The output, the gradients it gives, and the bytes it keeps (at most the reference's)."""
-    blocks, layers, x, weights = _checkpoint_setup(case)
-    label = _checkpoint_label(case)
-
-    def run(inp):
-        return call_answer("ch10_checkpointed_forward", "checkpointed_forward", fn, layers, inp,
-                           case["segments"], case=label)  # fmt: skip
-
-    x_in = x.clone().requires_grad_(case["input_grad"])
-    out = run(x_in)
-    if not isinstance(out, torch.Tensor):
-        raise Mistake(
-            "ch10_checkpointed_forward",
-            f"the output should be a tensor, but `checkpointed_forward` returned "
-            f"{type(out).__name__} (case: {label}). Return what the last segment gives.",
-        )
-    seen = {"the output": out.detach().clone(), "the output needs grad": out.requires_grad}
-    if out.requires_grad:
-        (out * weights).sum().backward()
-    for b, block in enumerate(blocks):
-        for name, p in block.named_parameters():
-            seen[f"the gradient of block {b}'s {name}"] = _plain(p.grad)
-    if case["input_grad"]:
-        seen["the gradient of the input"] = _plain(x_in.grad)
-    budget = saved_activation_bytes(
-        ref_checkpointing.checkpointed_forward.__wrapped__, layers, x, case["segments"]
-    )
-    kept = saved_activation_bytes(run, x.clone().requires_grad_(case["input_grad"]))
-    # At most the reference's bytes is as good as the reference: report the budget then.
-    seen["the bytes kept for backward (at most)"] = max(kept, budget)
-    return seen
-
-
 def _plain_forward(layers, x, segments):
     for layer in layers:
         x = layer(x)
@@ -400,6 +310,21 @@ def _sequential(layers, x, segments):
     return checkpoint_sequential(torch.nn.Sequential(*layers), segments, x, use_reentrant=False)
 
 
+def _plain_forward_under_own_hooks(layers, x, segments):
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        return _plain_forward(layers, x, segments)
+
+
+def _at_most_the_reference(observation, target, case: dict):
+    """Keeping no more bytes for backward than the reference is as good as the reference."""
+    if not (isinstance(observation, dict) and isinstance(target, dict)):
+        return observation
+    got, want = observation.get(KEPT), target.get(KEPT)
+    if isinstance(got, int) and isinstance(want, int) and got <= want:
+        return {**observation, KEPT: want}
+    return observation
+
+
 CHECKPOINT_MISTAKES = [
     (
         "`use_reentrant=True` (the old default) gives the layers no gradient when the segment's "
@@ -418,6 +343,13 @@ CHECKPOINT_MISTAKES = [
         "use_reentrant=False)`.",
         _plain_forward,
     ),
+    (
+        "the layers run under a `saved_tensors_hooks` of the answer's own, which hides what the "
+        "forward keeps from the check, and nothing is recomputed during backward: nothing is "
+        "checkpointed. Drop the hooks and run each segment through "
+        "`torch.utils.checkpoint.checkpoint(run_segment, x, use_reentrant=False)`.",
+        _plain_forward_under_own_hooks,
+    ),
 ]
 
 CHECKPOINTED = Exercise(
@@ -426,8 +358,9 @@ CHECKPOINTED = Exercise(
     reference=ref_checkpointing.checkpointed_forward.__wrapped__,
     cases=checkpoint_cases,
     observe=observe_checkpointed_forward,
-    label=_checkpoint_label,
+    label=label_checkpointed,
     mistakes=CHECKPOINT_MISTAKES,
+    prepare=_at_most_the_reference,
     hint="split the layers into `segments` consecutive groups (sizes differ by at most one, "
     "longer first) and pass each group's input through `checkpoint(run_group, x, "
     "use_reentrant=False)`, where `run_group` applies the group's layers in order.",

@@ -1,4 +1,4 @@
-"""Checks for chapter 12, "Cheat sheet and capstone".
+"""Checks for chapter 12, "Cheat sheet and capstone": the grader half.
 
 Exercises:
     ch12_smoke_test: ``smoke_test(make_model, make_optimizer, loss_fn, batch, steps=10)
@@ -11,11 +11,14 @@ Questions (checked in the notebook with `check_number` / `check_choice`):
 The smoke test is compared with the reference loss by loss, so a learner's smoke test must do
 one plain update per step. The broken setups are broken *silently*: nothing raises, the loss
 just cannot fall (a learning rate of 0, a loss rebuilt from ``loss.item()``, an optimizer whose
-``step()`` does nothing), or it rises (a learning rate far too large).
+``step()`` does nothing), or it rises (a learning rate far too large), or it falls for one step
+and then diverges, so that only the last loss against the first tells.
 
 The capstone is judged by facts, not by comparing numbers with the reference: the loop doctor's
-finding codes on its own small problem, and whether the model ``fit`` trained reaches
-`TARGET_ACCURACY` on the spiral's validation set within `EPOCHS` epochs.
+finding codes on its own small problem; and on the spiral, how many updates the given optimizer
+made, whether a complete validation pass (in eval mode, without a graph) followed every epoch,
+and whether the model reaches `TARGET_ACCURACY` within `EPOCHS` epochs. The learner half is
+`forge_course.observe.ch12`.
 """
 
 from __future__ import annotations
@@ -23,80 +26,33 @@ from __future__ import annotations
 import random
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from forge_course.data import make_spiral, train_val_split
 from forge_course.device import available_devices, pick_device
-from forge_course.doctor import diagnose
-from forge_course.grading.core import Exercise, Mistake, call_answer, grading_seed
+from forge_course.grading.core import Exercise, grading_seed
+from forge_course.observe.ch12 import FIT, SMOKE, label_fit, label_smoke, observe_fit, observe_smoke
 from forge_course.reference import capstone as ref
-from forge_course.reference.guard import is_reference, learner_code
-
-SMOKE, FIT = "ch12_smoke_test", "ch12_capstone"
 
 # ---------------------------------------------------------------- the smoke test's setups
 
 #: Setups a smoke test must pass (the loss falls) and must fail (it cannot, or it rises).
 WORKING = ("sgd_regression", "adam_classifier", "momentum_classifier")
-BROKEN = ("lr_zero", "detached_loss", "missing_step", "lr_too_high")
-
-
-class _NoStep(torch.optim.SGD):
-    """An optimizer whose `step` does nothing: the loop behaves as if `step()` were missing."""
-
-    def step(self, closure=None):
-        return None
-
-
-def _rebuilt_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The right value in a new leaf tensor: backward reaches no parameter (the detached loss)."""
-    value = nn.functional.mse_loss(outputs, targets).item()
-    return torch.tensor(value, device=outputs.device, requires_grad=True)
-
-
-def _setup(case: dict):
-    """``(make_model, make_optimizer, loss_fn, batch)`` for a case; the batch is fixed."""
-    device, seed = torch.device(case["device"]), case["seed"]
-    gen = torch.Generator().manual_seed(seed)
-    classify = case["setup"] in ("adam_classifier", "momentum_classifier")
-    x = torch.randn(16, 4, generator=gen)
-    if classify:
-        y = torch.randint(0, 3, (16,), generator=gen)
-        loss_fn = nn.CrossEntropyLoss()
-    else:
-        y = x @ torch.randn(4, 1, generator=gen) + 0.1 * torch.randn(16, 1, generator=gen)
-        loss_fn = _rebuilt_loss if case["setup"] == "detached_loss" else nn.MSELoss()
-
-    def make_model():
-        torch.manual_seed(seed)
-        if case["setup"] == "lr_too_high":
-            return nn.Linear(4, 1).to(device)
-        out = 3 if classify else 1
-        return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, out)).to(device)
-
-    def make_optimizer(params):
-        setup = case["setup"]
-        if setup == "adam_classifier":
-            return torch.optim.Adam(params, lr=0.01)
-        if setup == "momentum_classifier":
-            return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-        if setup == "missing_step":
-            return _NoStep(params, lr=0.1)
-        lr = {"lr_zero": 0.0, "lr_too_high": 5.0}.get(setup, 0.1)
-        return torch.optim.SGD(params, lr=lr)
-
-    return make_model, make_optimizer, loss_fn, (x.to(device), y.to(device))
+BROKEN = ("lr_zero", "detached_loss", "missing_step", "lr_too_high", "dip_then_diverge")
 
 
 def smoke_cases(thorough: bool = False) -> list[dict]:
-    """Visible: one working and three broken setups on the default device. Hidden: every setup
+    """Visible: one working and four broken setups on the default device. Hidden: every setup
     on every device, other seeds, and other step counts."""
     device = str(pick_device())
     if not thorough:
         return [
             {"setup": setup, "device": device, "seed": 0, "steps": 10}
-            for setup in ("sgd_regression", "lr_zero", "detached_loss", "missing_step")
+            for setup in (
+                "sgd_regression",
+                "lr_zero",
+                "detached_loss",
+                "missing_step",
+                "dip_then_diverge",
+            )  # fmt: skip
         ]
     rng = random.Random(grading_seed())
     return [
@@ -107,30 +63,14 @@ def smoke_cases(thorough: bool = False) -> list[dict]:
     ]
 
 
-def _smoke_label(case: dict) -> str:
-    return f"setup {case['setup']!r}, {case['steps']} steps, on {case['device']}"
-
-
-def observe_smoke(fn, case: dict) -> dict:
-    """Run ``fn`` on the case's setup; return its losses and its verdict."""
-    make_model, make_optimizer, loss_fn, batch = _setup(case)
-    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
-        result = call_answer(
-            SMOKE, "smoke_test", fn, make_model, make_optimizer, loss_fn, batch,
-            steps=case["steps"], case=_smoke_label(case),
-        )  # fmt: skip
-    if not (isinstance(result, tuple | list) and len(result) == 2):
-        raise Mistake(
-            SMOKE,
-            f"`smoke_test` should return two things, `(losses, passed)`; it returned {result!r}.",
-        )
-    losses, passed = result
-    return {"losses": list(losses) if isinstance(losses, tuple) else losses, "passed": passed}
-
-
 def _smoke_or_equal(make_model, make_optimizer, loss_fn, batch, steps=10):
     losses, _ = ref.smoke_test.__wrapped__(make_model, make_optimizer, loss_fn, batch, steps)
     return losses, losses[-1] <= losses[0]
+
+
+def _smoke_ever_lower(make_model, make_optimizer, loss_fn, batch, steps=10):
+    losses, _ = ref.smoke_test.__wrapped__(make_model, make_optimizer, loss_fn, batch, steps)
+    return losses, min(losses) < losses[0]
 
 
 def _smoke_no_zero_grad(make_model, make_optimizer, loss_fn, batch, steps=10):
@@ -140,6 +80,19 @@ def _smoke_no_zero_grad(make_model, make_optimizer, loss_fn, batch, steps=10):
     for _ in range(steps):
         loss = loss_fn(model(batch[0]), batch[1])
         loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, losses[-1] < losses[0]
+
+
+def _smoke_zero_grad_before_step(make_model, make_optimizer, loss_fn, batch, steps=10):
+    model = make_model()
+    optimizer = make_optimizer(model.parameters())
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn(model(batch[0]), batch[1])
+        loss.backward()
+        optimizer.zero_grad()
         optimizer.step()
         losses.append(loss.item())
     return losses, losses[-1] < losses[0]
@@ -192,9 +145,21 @@ SMOKE_MISTAKES = [
         _smoke_or_equal,
     ),
     (
+        "the verdict must compare the last loss with the first, `losses[-1] < losses[0]`: a "
+        "loss that was lower at some point and then exploded (here it fell for one step, then "
+        "diverged) has not passed.",
+        _smoke_ever_lower,
+    ),
+    (
         "`optimizer.zero_grad()` is missing from the smoke test's own loop, so from step 2 on "
         "each update uses the sum of all gradients so far. Clear them at the start of each step.",
         _smoke_no_zero_grad,
+    ),
+    (
+        "`optimizer.zero_grad()` sits between `loss.backward()` and `optimizer.step()`, so every "
+        "step finds `.grad` empty and the weights never move. Clear the gradients at the start "
+        "of each step, before the forward pass.",
+        _smoke_zero_grad_before_step,
     ),
     (
         "the model (or the optimizer) is built again inside the loop, so every step starts "
@@ -220,7 +185,7 @@ SMOKE_EXERCISE = Exercise(
     reference=ref.smoke_test.__wrapped__,
     cases=smoke_cases,
     observe=observe_smoke,
-    label=_smoke_label,
+    label=label_smoke,
     mistakes=SMOKE_MISTAKES,
     hint="build the model and optimizer once; then `steps` times: zero_grad, forward, loss, "
     "backward, step, and append `loss.item()`; passed is `losses[-1] < losses[0]`.",
@@ -232,84 +197,34 @@ check_smoke_test = SMOKE_EXERCISE.check
 EPOCHS = 30  # epochs `fit` is given on the spiral
 TARGET_ACCURACY = 0.85  # validation accuracy the trained model must reach
 REACHED = f"validation accuracy ≥ {TARGET_ACCURACY:.0%} after {EPOCHS} epochs"
-
-
-def spiral_problem(seed: int):
-    """The capstone's spiral: ``(model, optimizer, loss_fn, train_loader, val_loader, X_val,
-    y_val)``, everything built from ``seed``; the model is on the CPU, as the doctor hands it."""
-    X, y = make_spiral(n_per_class=200, classes=2, noise=0.2, seed=seed)
-    X_train, y_train, X_val, y_val = train_val_split(X, y, val_fraction=0.25, seed=seed)
-    train_loader = DataLoader(
-        TensorDataset(X_train, y_train),
-        batch_size=32,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    val_loader = DataLoader(TensorDataset(X_val, y_val), batch_size=50)
-    torch.manual_seed(seed)
-    model = nn.Sequential(
-        nn.Linear(2, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 64), nn.ReLU(),
-        nn.Linear(64, 2),
-    )  # fmt: skip
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    return model, optimizer, nn.CrossEntropyLoss(), train_loader, val_loader, X_val, y_val
-
-
-def validation_accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
-    """Accuracy of ``model`` on ``(X, y)``, in eval mode, wherever the model's weights are."""
-    device = next(model.parameters()).device
-    model.eval()
-    with torch.no_grad():
-        return (model(X.to(device)).argmax(dim=1) == y.to(device)).double().mean().item()
+# The doctor tells validation from training by the loader that yielded the latest batch, so a
+# loop that moves its batches to the device once and reuses them looks to it as if it validated
+# all the time. The spiral run tells them apart by the examples that go in, and judges these two.
+BY_THE_SPIRAL = ("no_eval_mode", "grad_enabled_in_eval")
 
 
 def fit_cases(thorough: bool = False) -> list[dict]:
     """Visible: the default device, seed 0. Hidden: every device, a seed from the grading run."""
+    run = {"epochs": EPOCHS, "target": TARGET_ACCURACY}
     if not thorough:
-        return [{"device": str(pick_device()), "seed": 0}]
+        return [{"device": str(pick_device()), "seed": 0, **run}]
     rng = random.Random(grading_seed())
-    return [{"device": str(d), "seed": rng.randrange(10_000)} for d in available_devices()]
+    return [{"device": str(d), "seed": rng.randrange(10_000), **run} for d in available_devices()]
 
 
-def _fit_label(case: dict) -> str:
-    return f"spiral seed {case['seed']}, and the loop doctor, on {case['device']}"
+def _doctor_judges_the_rest(observed: dict, target: dict, case: dict) -> dict:
+    """Leave out the doctor's codes for validation: the spiral run judges those (see above)."""
+    findings = observed.get("loop doctor's findings")
+    if not isinstance(findings, str) or findings == "none":
+        return observed
+    kept = [code for code in findings.split(", ") if code not in BY_THE_SPIRAL]
+    return {**observed, "loop doctor's findings": ", ".join(kept) or "none"}
 
 
-def _as_learner(fn):
-    """``fn`` for the doctor: the reference tripwire armed, errors left for the doctor to report."""
-    if is_reference(fn):
-        return fn
-
-    def guarded(*args):
-        with learner_code():
-            return fn(*args)
-
-    return guarded
-
-
-def observe_fit(fn, case: dict) -> dict:
-    """Train on the spiral and measure; then let the loop doctor examine the same `fn`."""
-    device = torch.device(case["device"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: more threads only add hand-offs
-    try:
-        with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
-            model, optimizer, loss_fn, train_loader, val_loader, X_val, y_val = spiral_problem(
-                case["seed"]
-            )
-            call_answer(
-                FIT, "fit", fn, model, optimizer, loss_fn, train_loader, val_loader, EPOCHS,
-                device, case=_fit_label(case),
-            )  # fmt: skip
-            reached = validation_accuracy(model, X_val, y_val) >= TARGET_ACCURACY
-        report = diagnose(_as_learner(fn), device=device)
-    finally:
-        torch.set_num_threads(threads)
-    findings = [
-        f"{f.code} ({f.evidence})" if f.code == "fit_raised" else f.code for f in report.findings
-    ]
-    # One string, so that a failed check prints the codes themselves.
-    return {"loop doctor's findings": ", ".join(findings) or "none", REACHED: reached}
+def _reference_fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    """The production loop, without early stopping: every epoch runs and is validated."""
+    return ref.fit.__wrapped__(model, optimizer, loss_fn, train_loader, val_loader, epochs,
+                               device, patience=epochs + 1)  # fmt: skip
 
 
 def _evaluate(model, loader, loss_fn, device):
@@ -325,9 +240,11 @@ def _evaluate(model, loader, loss_fn, device):
 
 
 def _fit_no_zero_grad(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    # Cleared once per epoch, not per update: it still learns, so only the doctor's code differs.
     model.to(device)
     for _ in range(epochs):
         model.train()
+        optimizer.zero_grad()
         for x, y in train_loader:
             x, y = x.to(device), y.to(device)
             loss_fn(model(x), y).backward()
@@ -382,6 +299,32 @@ def _fit_mode_not_restored(model, optimizer, loss_fn, train_loader, val_loader, 
     return model
 
 
+def _fit_own_optimizer(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        _evaluate(model, val_loader, loss_fn, device)
+    return model
+
+
+def _fit_no_validation(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+    return model
+
+
 FIT_MISTAKES = [
     (
         "`missing_zero_grad`: `.grad` still held gradients an earlier update had applied. Call "
@@ -404,19 +347,31 @@ FIT_MISTAKES = [
         "Call `model.train()` at the start of every epoch (or restore the mode after validating).",
         _fit_mode_not_restored,
     ),
+    (
+        "the optimizer `fit` was given never stepped: `fit` built an optimizer of its own. Use "
+        "the `optimizer` argument: the caller chose it, and holds on to its state.",
+        _fit_own_optimizer,
+    ),
+    (
+        "`fit` never validated: after each epoch's training, run the model over `val_loader` "
+        "(in eval mode, under `torch.no_grad()`), and put train mode back for the next epoch.",
+        _fit_no_validation,
+    ),
 ]
 
 FIT_EXERCISE = Exercise(
     grade_id=FIT,
     function="fit",
-    reference=ref.fit.__wrapped__,
+    reference=_reference_fit,
     cases=fit_cases,
     observe=observe_fit,
-    label=_fit_label,
+    label=label_fit,
     mistakes=FIT_MISTAKES,
-    hint="each code is explained in `forge_course.doctor.CODES`; run `diagnose(fit)` and read "
-    "its report. If only the accuracy is short, check that every batch is used once per epoch "
-    "and that `optimizer.step()` runs after each `loss.backward()`.",
+    hint="compare the line above with what the exercise asks: one `optimizer.step()` of the "
+    "given optimizer per training batch, `epochs` times over `train_loader`, a full pass over "
+    "`val_loader` after each epoch (eval mode, no graph), train mode back for training. Each "
+    "loop doctor code is explained in `forge_course.doctor.CODES`.",
+    prepare=_doctor_judges_the_rest,
 )
 check_capstone = FIT_EXERCISE.check
 

@@ -306,19 +306,14 @@ class Exercise:
 
     def _observed(self, kind: str, fn: Callable, case: dict) -> Observation:
         """``observe(fn, case)`` from a clean state, once per case (the reference and the known
-        mistakes are deterministic, so a class shares them)."""
+        mistakes are deterministic, so a class shares them; a failure is not kept, since in a
+        notebook it may come from what the learner's cells changed)."""
         key = (self.grade_id, self.function, kind, repr(case))
         with _CLEAN_ROOM:
             if key not in _EXPECTED:
                 with clean_room():
-                    try:
-                        _EXPECTED[key] = ("ok", self.observe(fn, case))
-                    except Exception as err:  # noqa: BLE001  (a wrong implementation may fail)
-                        _EXPECTED[key] = ("failed", err)
-            status, value = _EXPECTED[key]
-        if status == "failed":
-            raise value
-        return value
+                    _EXPECTED[key] = self.observe(fn, case)
+            return _EXPECTED[key]
 
     def expected(self, case: dict) -> Observation:
         """The reference's observation of ``case``."""
@@ -366,8 +361,9 @@ def check_choice(
     Visible tests call it without ``correct`` so learners learn the format, not the answer.
     """
     __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+    choices = list(choices)  # a string of letters is a list of one-letter choices, not a word
     if answer is None or answer is ...:
-        raise Mistake(grade_id, f"No answer yet: set it to one of {list(choices)}.")
+        raise Mistake(grade_id, f"No answer yet: set it to one of {choices}.")
     if not isinstance(answer, str) or answer.strip().lower() not in choices:
         raise Mistake(grade_id, f"The answer should be one of {list(choices)}, got {answer!r}.")
     if correct is not None and answer.strip().lower() != correct:
@@ -390,6 +386,8 @@ def check_number(
     __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
     if answer is None or answer is ...:
         raise Mistake(grade_id, "No answer yet: set it to a number.")
+    if type(answer).__module__ == "numpy" and getattr(answer, "ndim", None) == 0:
+        answer = answer.item()  # NumPy's own numbers are numbers
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         raise Mistake(grade_id, f"The answer should be a number, got {answer!r}.")
     if expected is None or math.isclose(answer, expected, rel_tol=rel_tol, abs_tol=1e-12):

@@ -7,6 +7,7 @@ refuse to be called from the answer; a grading worker holds no references, so it
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -41,8 +42,13 @@ def call_answer(grade_id: str, name: str, fn: Callable, *args, case: str = "", *
         raise Mistake(grade_id, f"`{name}` should be a function, but it is {type(fn).__name__}.")
     where = f" ({case})" if case else ""
     try:
-        with _guard(fn):
-            return fn(*args, **kwargs)
+        # A warning from correct code is no mistake, and on stderr it would cost the test cell
+        # its points under nbgrader: it is shown as a note instead.
+        with _guard(fn), warnings.catch_warnings(record=True) as caught:
+            result = fn(*args, **kwargs)
+        for text in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught):
+            print(f"Note: `{name}` warned: {text}")
+        return result
     except NotImplementedError:
         raise Mistake(
             grade_id,

@@ -14,8 +14,8 @@ Every step, every worker sends one chunk (about S/N bytes) and receives one: 2(N
 2(N−1)/N·S bytes sent per worker, almost independent of N. That is why the ring scales.
 
 `run_ranks` starts real processes (one per rank) in bounded time, so the ring can be checked
-against `torch.distributed.all_reduce` and a learner's DDP worker can be run without ever
-hanging the notebook.
+against `torch.distributed.all_reduce` without ever hanging the notebook. (Chapter 11's check
+starts a learner's DDP worker differently, in fresh processes: see `forge_course.observe.ch11`.)
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def memory_per_rank(
 _RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap}
 
 
-def _rank_main(fn: Callable, rank: int, args: tuple, out_dir: str, done, call) -> None:
+def _rank_main(fn: Callable, rank: int, args: tuple, out_dir: str, done) -> None:
     # Own process group: the parent can kill this rank and anything it started in one call.
     os.setpgrp()
     # A forked child must not enter the parent's OpenMP pool; one thread per rank is plenty.
@@ -196,14 +196,10 @@ def _rank_main(fn: Callable, rank: int, args: tuple, out_dir: str, done, call) -
 
     sys.settrace(lambda frame, event, arg: in_fn if frame.f_code is code_object else None)
     try:
-        call(fn, rank, *args)
+        fn(rank, *args)
     except BaseException:  # noqa: BLE001  (anything, SystemExit included, is this rank failing)
         finish(1, sys.exc_info())
     finish(0)
-
-
-def _direct(fn: Callable, *args) -> None:
-    fn(*args)
 
 
 def run_ranks(
@@ -211,14 +207,14 @@ def run_ranks(
     world_size: int,
     args: tuple = (),
     timeout_s: float = 60.0,
-    call: Callable | None = None,
 ) -> dict:
     """Run ``fn(rank, *args)`` in ``world_size`` forked processes; never longer than ``timeout_s``.
 
     Fork (not spawn) lets ``fn`` be a function defined in a notebook cell: nothing is pickled.
-    Every rank is killed, with whatever it started, when the time is up or when one rank fails
-    and the others outlive it by a few seconds. A check passes ``call`` (``call(fn, rank, *args)``,
-    e.g. through `forge_course.grading.core.call_answer`) to run ``fn`` as learner code.
+    It also means ``fn`` must not run autograd or CUDA: a child forked after either has started
+    in the parent cannot use it (`gloo_all_reduce` needs neither). Every rank is killed, with
+    whatever it started, when the time is up or when one rank fails and the others outlive it by
+    a few seconds.
 
     Returns:
         ``{"ok", "seconds", "exitcodes", "errors", "timed_out"}``: ``errors`` maps a failed rank
@@ -231,7 +227,7 @@ def run_ranks(
         procs = [
             context.Process(
                 target=_rank_main,
-                args=(fn, rank, args, out_dir, done, call or _direct),
+                args=(fn, rank, args, out_dir, done),
                 daemon=False,
             )
             for rank in range(world_size)

@@ -54,8 +54,12 @@ def evaluate(
         model: a classifier already on ``device``, returning ``[..., classes]`` scores.
         loader: yields ``(inputs, targets)`` batches; ``targets`` hold one class index per
             prediction (``[B]`` for ``[B, classes]`` outputs). Batches may differ in size.
-        loss_fn: a loss that averages over the batch (``reduction="mean"``, the default of
-            ``torch.nn`` losses), such as ``torch.nn.CrossEntropyLoss()``.
+        loss_fn: a loss whose value is the mean over the batch with every example counting
+            once (``reduction="mean"``, no class ``weight``, no ``ignore_index``), such as
+            ``torch.nn.CrossEntropyLoss()`` (label smoothing allowed) or
+            ``torch.nn.MultiMarginLoss()``. With class weights or ignored targets the batch
+            mean divides by their total weight or count instead, and weighing it by the batch
+            size would be wrong. Its settings are left as they are.
         device: where each batch is moved before the forward pass.
 
     Returns:

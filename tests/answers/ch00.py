@@ -79,6 +79,33 @@ def training_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_la
     )
 """
 
+ARITHMETIC_FLOOR = """
+def training_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
+    iters = dataset_size // batch_size
+    updates = dataset_size // (batch_size * accum_steps)
+    return {"iters_per_epoch": iters, "last_batch_size": batch_size, "micro_steps": iters * epochs,
+            "updates_per_epoch": updates, "total_updates": updates * epochs,
+            "effective_batch_size": batch_size * accum_steps,
+            "examples_seen": iters * batch_size * epochs}
+"""
+
+ARITHMETIC_FLOOR_UPDATES = """
+import math
+
+def training_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
+    if drop_last:
+        iters, last = dataset_size // batch_size, batch_size
+        seen = iters * batch_size
+    else:
+        iters = math.ceil(dataset_size / batch_size)
+        last, seen = dataset_size - (iters - 1) * batch_size, dataset_size
+    updates = dataset_size // (batch_size * accum_steps)
+    return {"iters_per_epoch": iters, "last_batch_size": last if iters else 0,
+            "micro_steps": iters * epochs, "updates_per_epoch": updates,
+            "total_updates": updates * epochs, "effective_batch_size": batch_size * accum_steps,
+            "examples_seen": seen * epochs}
+"""
+
 SCHEDULE_NAIVE = """
 def update_schedule(dataset_size, batch_size, accum_steps, drop_last=False):
     full, rest = divmod(dataset_size, batch_size)
@@ -155,8 +182,8 @@ WRONG = {
         (
             "q_iterations = 195\nq_updates = 780\nq_scheduler = 'a'\n",
             {
-                "ch00_q_iterations": "195 full batches hold 49,920 examples",
-                "ch00_q_updates": "10 × 78 is what a loop",
+                "ch00_q_iterations": "50,000 // 256 rounds down",
+                "ch00_q_updates": "10 × 78 rounds down",
                 "ch00_q_scheduler": "939 counts micro-batches",
             },
         ),

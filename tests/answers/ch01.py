@@ -124,6 +124,43 @@ class LogSumExp(torch.autograd.Function):
         return torch.softmax(x, dim=ctx.dim) * grad_output.unsqueeze(ctx.dim), None
 """
 
+LOGSUMEXP_NOT_A_FUNCTION = """
+class LogSumExp:
+    apply = staticmethod(torch.logsumexp)
+"""
+
+LOGSUMEXP_CALLS_TORCH = """
+class LogSumExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.save_for_backward(x)
+        ctx.dim = dim
+        return torch.logsumexp(x, dim)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return torch.softmax(x, ctx.dim) * grad_output.unsqueeze(ctx.dim), None
+"""
+
+LOGSUMEXP_BACKWARD_CALLS_TORCH = """
+class LogSumExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        m = x.amax(dim, keepdim=True)
+        ctx.save_for_backward(x)
+        ctx.dim = dim
+        return (m + (x - m).exp().sum(dim, keepdim=True).log()).squeeze(dim)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            probe = x.detach().requires_grad_()
+            (grad,) = torch.autograd.grad(torch.logsumexp(probe, ctx.dim), probe, grad_output)
+        return grad, None
+"""
+
 STE_PLAIN_ROUND = """
 def round_ste(x):
     return torch.round(x)
@@ -147,6 +184,12 @@ class RoundSTE(torch.autograd.Function):
 
 def round_ste(x):
     return RoundSTE.apply(x)
+"""
+
+STE_DATA_IN_PLACE = """
+def round_ste(x):
+    x.data = torch.round(x.data)
+    return x
 """
 
 STE_DETACH_TRICK = """

@@ -117,6 +117,17 @@ def predict(model, x):
     return classes
 """
 
+PREDICT_ON_THE_CPU = """
+def predict(model, x):
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    with torch.inference_mode():
+        classes = model(x.to(next(model.parameters()).device)).argmax(dim=-1)
+    for m, training in modes.items():
+        m.training = training
+    return classes.cpu()
+"""
+
 PREDICT_ALTERNATIVE = """
 @torch.inference_mode()
 def predict(model, x):
@@ -143,6 +154,7 @@ WRONG = {
         (PREDICT_NO_GRAD, {"ch06_predict_tests": "asks for `torch.inference_mode()`"}),
         (PREDICT_SCORES, {"ch06_predict_tests": "Return the class indices"}),
         (PREDICT_DIM_1, {"ch06_predict_tests": "the argmax over the *last* dimension"}),
+        (PREDICT_ON_THE_CPU, {"ch06_predict_tests": "read values off the model's device"}),
     ],
     "ch06_questions": [
         (

@@ -72,6 +72,24 @@ def graph_leaks(obj):
     return sum(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in items)
 """
 
+# Counts each tensor once: the exercise counts a tensor stored twice twice.
+LEAK_ONCE_EACH = """
+import torch
+
+def graph_leaks(obj, seen=None):
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        if obj.grad_fn is None or id(obj) in seen:
+            return 0
+        seen.add(id(obj))
+        return 1
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(graph_leaks(item, seen) for item in obj)
+    return 0
+"""
+
 LEAK_STACK = """
 import torch
 

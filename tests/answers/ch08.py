@@ -1,8 +1,8 @@
 """Answers that chapter 08's grading must tell apart: wrong ones, other correct ones, cheats.
 
 Each entry replaces the whole source of one solution cell of the released notebook. Answers run
-after the notebook's first cell, which imports torch, nn, spiral_data, make_model and
-steps_per_epoch.
+after the notebook's first cell, which imports torch and nn and defines spiral_data, make_model
+and steps_per_epoch.
 """
 
 # A correct fit, with one flaw switched in by each wrong answer below.

@@ -1,0 +1,322 @@
+"""Chapter 05's learner half: build each case's model or batch, call the answer, report.
+
+Every observer can move things to the ``meta`` device: it holds shapes and dtypes but no data,
+so on a machine with only a CPU it still shows whether something moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import namedtuple
+
+import numpy as np
+import torch
+import torch.nn.modules.module as module_internals
+from torch import nn
+
+from forge_course.observe import common
+from forge_course.observe.common import Mistake, call_answer
+
+META = "meta"
+REPAIR, RECORDER, TO_DEVICE = "ch05_repair_model", "ch05_activation_recorder", "ch05_to_device"
+
+
+def _attempt(grade_id: str, name: str, fn, *args, case: str = ""):
+    """``(result, None)``, or ``(None, "raises …")`` when the learner's code raised an error.
+
+    An unwritten answer, or one the notebook's tripwire stopped (it called a reference), still
+    fails the check at once: those are not facts about the model to compare.
+    """
+    try:
+        return call_answer(grade_id, name, fn, *args, case=case), None
+    except Mistake as err:
+        cause = err.__cause__
+        # `common._translate` is the tripwire's own wording (None in a grading worker).
+        if cause is None or common._translate(cause) is not None:
+            raise
+        return None, f"raises {type(cause).__name__}: {cause}"
+
+
+# ---------------------------------------------------------------- ch05_repair_model
+
+
+def label_repair_model(case: dict) -> str:
+    return f"MLP({case['sizes']}) on {case['device']}"
+
+
+def _build_model(fn, case: dict):
+    """The learner's model, built under the case's seed (the global generator is left alone)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(case["seed"])
+        return call_answer(REPAIR, "MLP", fn, list(case["sizes"]), case=label_repair_model(case))
+
+
+def _fill(model: nn.Module, seed: int) -> None:
+    """Give every registered parameter known values, by name, so outputs can be compared."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters()):
+            param.copy_(0.5 * torch.randn(param.shape, generator=gen, dtype=param.dtype))
+
+
+def _output(model: nn.Module, x: torch.Tensor, label: str):
+    out, error = _attempt(REPAIR, "model", model, x, case=label)
+    if error:
+        return error
+    return out.detach().clone() if isinstance(out, torch.Tensor) else out
+
+
+def _gradients(model: nn.Module, x: torch.Tensor, label: str):
+    """The gradient of ``mean(model(x)²)`` that reaches each parameter ``parameters()`` lists:
+    what an optimizer built from ``model.parameters()`` would use."""
+    params = list(model.named_parameters())
+    if not params:
+        return "none: model.parameters() is empty"
+    for _, param in params:
+        param.grad = None
+    out, error = _attempt(REPAIR, "model", model, x, case=label)
+    if error or not isinstance(out, torch.Tensor):
+        return error or f"returns a {type(out).__name__}"
+    if not out.requires_grad:
+        return "none: the output is not computed from the registered parameters"
+    out.pow(2).mean().backward()
+    return {
+        name: p.grad.detach().clone() if p.grad is not None else "None: no gradient reaches it"
+        for name, p in params
+    }
+
+
+def observe_repair_model(fn, case: dict) -> dict:
+    """Parameters, names, outputs, a move to the case's device and to meta, the gradients."""
+    label = label_repair_model(case)
+    model = _build_model(fn, case)
+    if not isinstance(model, nn.Module):
+        return {"what MLP(sizes) builds": f"a {type(model).__name__}, not an nn.Module"}
+    gen = torch.Generator().manual_seed(case["seed"] + 1)
+    x = torch.randn(5, case["sizes"][0], generator=gen)
+    seen = {
+        "the number of values in model.parameters()": sum(p.numel() for p in model.parameters()),
+        "the names and shapes in model.state_dict()": sorted(
+            f"{name} {list(value.shape)}" for name, value in model.state_dict().items()
+        ),
+    }
+    _fill(model, case["seed"])
+    seen["the output for a fixed input"] = _output(model, x, label)
+
+    device = torch.device(case["device"])
+    _, error = _attempt(REPAIR, "model.to", model.to, device, case=label)
+    x = x.to(device)
+    seen[f"the output after model.to('{device}')"] = error or _output(model, x, label)
+    seen["the gradient of mean(output²) on each parameter"] = _gradients(model, x, label)
+
+    # A second copy goes to the meta device: on any machine, whatever .to() misses stays behind.
+    meta_model = _build_model(fn, case)
+    _, error = _attempt(REPAIR, "model.to", meta_model.to, META, case=label)
+    if error is None:
+        out, error = _attempt(
+            REPAIR, "model", meta_model, torch.empty(5, case["sizes"][0], device=META), case=label
+        )
+    seen["the forward pass after model.to('meta')"] = error or (
+        f"an output on {out.device}, shape {list(out.shape)}"
+        if isinstance(out, torch.Tensor)
+        else f"returns a {type(out).__name__}"
+    )
+    return seen
+
+
+# ---------------------------------------------------------------- ch05_activation_recorder
+
+
+class _Nested(nn.Module):
+    """A Sequential inside a Sequential inside a model, with an in-place ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(
+            nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        )
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+class _Shared(nn.Module):
+    """A residual connection, and one layer that runs twice per forward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 6)
+        self.shared = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.embed(x))
+        h = h + torch.relu(self.shared(h))
+        return self.head(self.shared(h))
+
+
+_RECORDER_MODELS = {
+    "sequential": (
+        "an nn.Sequential with an in-place ReLU",
+        lambda: nn.Sequential(nn.Linear(4, 6), nn.ReLU(inplace=True), nn.Linear(6, 3)),
+    ),
+    "nested": ("nested modules", _Nested),
+    "shared": ("a residual model that reuses a layer", _Shared),
+}
+
+
+def label_activation_recorder(case: dict) -> str:
+    return f"{_RECORDER_MODELS[case['model']][0]}, names {case['names']}, {case['device']}"
+
+
+def _hooks_left(model: nn.Module) -> str:
+    """The forward hooks (and pre-hooks) on each submodule that has any, in words."""
+    counts = []
+    for name, module in model.named_modules():
+        count = len(module._forward_hooks) + len(module._forward_pre_hooks)
+        if count:
+            counts.append(f"{count} on {repr(name) if name else 'the model itself'}")
+    return ", ".join(counts) or "none"
+
+
+@contextlib.contextmanager
+def _global_hooks_taken_away(left: list[int]):
+    """Count the global forward hooks the body leaves behind (into ``left``), then remove them.
+
+    A leftover global hook would fire in every later forward pass of every model.
+    """
+    before = set(module_internals._global_forward_hooks)
+    try:
+        yield
+    finally:
+        added = set(module_internals._global_forward_hooks) - before
+        for key in added:
+            del module_internals._global_forward_hooks[key]
+        left.append(len(added))
+
+
+def observe_activation_recorder(fn, case: dict) -> dict:
+    """What comes back, whether it is detached, how often the model ran, which hooks are left."""
+    label = label_activation_recorder(case)
+    device = torch.device(case["device"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(case["seed"])
+        model = _RECORDER_MODELS[case["model"]][1]().to(device)
+    gen = torch.Generator().manual_seed(case["seed"] + 1)
+    x = torch.randn(5, 4, generator=gen).to(device)
+    runs = []
+    # The caller's own hook: it must still be there afterwards, and fire once per call.
+    model.register_forward_hook(lambda module, inputs, output: runs.append(1))
+
+    global_left: list[int] = []
+    with _global_hooks_taken_away(global_left):
+        names = list(case["names"])
+        result = call_answer(RECORDER, "record_activations", fn, model, x, names, case=label)
+    seen = {}
+    if not isinstance(result, dict):
+        seen["what record_activations returns"] = f"a {type(result).__name__}, not a dict"
+        return seen
+    seen["the names recorded"] = str(sorted(result))
+    seen["the recorded outputs"] = {
+        name: value.detach().clone() if isinstance(value, torch.Tensor) else value
+        for name, value in result.items()
+    }
+    attached = [name for name, value in result.items() if getattr(value, "requires_grad", False)]
+    seen["the outputs still attached to the autograd graph"] = str(sorted(attached))
+    seen["the number of times the model ran"] = len(runs)
+    seen["the forward hooks on the model afterwards"] = _hooks_left(model)
+    seen["the global forward hooks left afterwards"] = global_left[0]
+
+    # The same call with an input of the wrong width: the forward pass raises inside the call.
+    bad = torch.randn(5, 7, generator=gen).to(device)
+    with _global_hooks_taken_away([]):
+        _attempt(RECORDER, "record_activations", fn, model, bad, names, case=label)
+    seen["the forward hooks left after a forward pass that raised"] = _hooks_left(model)
+    return seen
+
+
+# ---------------------------------------------------------------- ch05_to_device
+
+Pair = namedtuple("Pair", ["inputs", "targets"])
+
+
+def _batch(kind: str, seed: int):
+    """A fresh batch of one of the shapes the cases use, on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    t = lambda *shape: torch.randn(*shape, generator=gen)
+    if kind == "loader":
+        return {
+            "x": t(4, 3),
+            "y": torch.randint(0, 2, (4,), generator=gen),
+            "pair": Pair(t(2), t(2)),
+            "info": {"ids": ["a", "b", "c", "d"], "lengths": (3, 1, 2, 2), "mask": t(4) > 0},
+            "step": 7,
+        }
+    if kind == "deep":
+        return [{"a": (t(2), [{"b": (t(1), "leaf", Pair([t(3)], {"c": t(2, 2)}))}])}, None]
+    if kind == "leaves":
+        return {
+            "none": None,
+            "empty": [[], (), {}],
+            "number": 3.5,
+            "text": "hello",
+            "array": np.arange(3),
+            "half": t(2).half(),
+        }
+    if kind == "tensor":
+        return t(3, 2)
+    if kind == "sequences":
+        return ([Pair(t(1), 0), Pair(t(1), 1)], (t(2), (t(2),)))
+    raise ValueError(kind)
+
+
+def label_to_device(case: dict) -> str:
+    return f"a {case['batch']} batch to {case['device']}"
+
+
+def _describe(value, path: str, suffix: str, out: dict) -> None:
+    """One line per container and leaf of ``value``, keyed by where it sits."""
+    key = f"{path} {suffix}"
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).replace("torch.", "")
+        text = f"a tensor on {value.device}, {dtype}, shape {list(value.shape)}"
+        if value.device.type != META:
+            values = torch.round(value.detach().cpu().double(), decimals=4).tolist()
+            text += f", values {values}"
+        out[key] = text
+    elif isinstance(value, dict):
+        out[key] = f"a {type(value).__name__} with keys {list(value)}"
+        for k, v in value.items():
+            _describe(v, f"{path}[{k!r}]", suffix, out)
+    elif isinstance(value, (list, tuple)):
+        kind = type(value).__name__
+        if hasattr(value, "_fields"):
+            kind += " (a named tuple)"
+        out[key] = f"a {kind} of {len(value)} items"
+        for i, v in enumerate(value):
+            _describe(v, f"{path}[{i}]", suffix, out)
+    else:
+        out[key] = f"the {type(value).__name__} {value!r}"
+
+
+def observe_to_device(fn, case: dict) -> dict:
+    """Every container and leaf of the result, then of the batch passed in (unchanged?)."""
+    batch = _batch(case["batch"], case["seed"])
+    label = label_to_device(case)
+    try:
+        device = torch.device(case["device"])
+        result = call_answer(TO_DEVICE, "to_device", fn, batch, device, case=label)
+    except Mistake as err:
+        if isinstance(err.__cause__, RecursionError):
+            raise Mistake(
+                TO_DEVICE,
+                f"`to_device` never stopped recursing ({label}).\nLikely mistake: a str is a "
+                "sequence whose items are strs again, so recursing into every Sequence never "
+                "ends. Recurse into dicts, lists and tuples only; keep everything else as is.",
+            ) from err
+        raise
+    seen: dict = {}
+    _describe(result, "batch", "in the result", seen)
+    _describe(batch, "batch", "as passed in, afterwards", seen)
+    return seen

@@ -1,0 +1,362 @@
+"""Chapter 10's learner half: build each case's model and batches, call the answer, report.
+
+Where a check must see *how* the answer ran, not only what it left behind, the model carries
+an instrument of the check's own: a `_Probe` at the end of a model notes the size and dtype of
+every batch that reaches it, and a `_CountedBlock` counts its forward passes and notes whether
+the saved-tensor hooks in effect were the answer's own. After every call the observer verifies
+that its instruments are still in place and untouched, and says so in the observation.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from forge_course.observe.common import Mistake, call_answer
+
+ACCUMULATE, AMP, CHECKPOINTED = (
+    "ch10_accumulate_step", "ch10_amp_step", "ch10_checkpointed_forward",
+)  # fmt: skip
+TAMPERED = "changed by the answer: the check's instrument is not where it put it"
+
+
+def _parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def _plain(value):
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+class _Probe(nn.Module):
+    """The identity, noting ``(batch size, dtype)`` of every tensor that passes through."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[int, str]] = []
+
+    def forward(self, x):
+        self.seen.append((int(x.shape[0]), str(x.dtype)))
+        return x
+
+
+def _probed(model: nn.Sequential) -> tuple[nn.Sequential, _Probe, list]:
+    probe = _Probe()
+    model.append(probe)  # last, so the parameters keep their names
+    return model, probe, probe.seen
+
+
+def _probe_intact(model: nn.Sequential, probe: _Probe, seen: list) -> bool:
+    """The probe is still the model's last module, unchanged, and still fills the same list."""
+    return (
+        model[-1] is probe
+        and type(probe) is _Probe
+        and "forward" not in vars(probe)
+        and not probe._forward_hooks
+        and not probe._forward_pre_hooks
+        and probe.seen is seen
+    )
+
+
+# ---------------------------------------------------------------- ch10_accumulate_step
+
+
+def label_accumulate(case: dict) -> str:
+    clip = f", clipped to {case['clip']}" if case["clip"] is not None else ""
+    return (f"micro-batch sizes {case['sizes']}{clip}, {case['optimizer']}, {case['dtype']}, "
+            f"{case['device']}")  # fmt: skip
+
+
+def _accumulate_setup(case: dict):
+    device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
+    torch.manual_seed(case["seed"])
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    model = model.to(device=device, dtype=dtype)
+    params = model.parameters()
+    optimizer = {
+        "sgd": lambda: torch.optim.SGD(params, lr=0.1),
+        "momentum": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        "adamw": lambda: torch.optim.AdamW(params, lr=0.05, weight_decay=0.1),
+    }[case["optimizer"]]()
+    gen = torch.Generator().manual_seed(case["seed"])
+    groups = []
+    for _ in range(2):
+        group = []
+        for size in case["sizes"]:
+            x = torch.randn(size, 4, generator=gen, dtype=dtype)
+            y = torch.randn(size, 2, generator=gen, dtype=dtype)
+            group.append((x.to(device), y.to(device)))
+        groups.append(group)
+    return model, optimizer, nn.MSELoss(), groups
+
+
+def observe_accumulate_step(fn, case: dict) -> dict:
+    """Two updates from two groups of micro-batches: each returned value, the parameters, and
+    the size of every batch the model's forward saw (one forward per micro-batch, or not)."""
+    model, optimizer, loss_fn, groups = _accumulate_setup(case)
+    model, probe, seen = _probed(model)
+    observed = {}
+    for call, group in enumerate(groups, start=1):
+        seen.clear()
+        returned = call_answer(
+            ACCUMULATE, "accumulate_step", fn, model, optimizer, loss_fn, group, case["clip"],
+            case=label_accumulate(case),
+        )  # fmt: skip
+        observed[f"the value returned by call {call}"] = _plain(returned)
+        observed[f"the parameters after call {call}"] = _parameters(model)
+        observed[f"the batch sizes the model's forward passes saw in call {call}"] = (
+            [size for size, _ in seen] if _probe_intact(model, probe, seen) else TAMPERED
+        )
+    return observed
+
+
+# ---------------------------------------------------------------- ch10_amp_step
+
+
+class _ClaimsDevice(torch.Tensor):
+    """A CPU tensor that says it lives on a CUDA device: a stand-in for a GPU's batch.
+
+    Its arithmetic stays on the CPU, so on a machine without a GPU it still shows whether an
+    answer takes autocast's device type from its input (``torch.autocast(x.device.type)``
+    enters CUDA's autocast, which leaves CPU arithmetic in float32) or hard-codes the CPU's.
+    """
+
+    @property
+    def device(self):
+        return torch.device("cuda")
+
+    @property
+    def is_cuda(self):
+        return True
+
+    @property
+    def is_cpu(self):
+        return False
+
+    def to(self, *args, **kwargs):
+        # Moving a stand-in to the device it claims is a no-op, as it would be on that GPU.
+        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None and device.type == "cuda":
+            return self if dtype is None else super().to(dtype=dtype, non_blocking=non_blocking)
+        return super().to(*args, **kwargs)
+
+
+def label_amp(case: dict) -> str:
+    scaler = {
+        "none": "no scaler",
+        "given": "a GradScaler passed in",
+        "overflow": "a GradScaler and an inf gradient",
+    }[case["scaler"]]
+    where = case["device"]
+    if case.get("claims"):
+        where = f"a CPU batch that says it is on {case['claims']} (a stand-in for a GPU)"
+    return f"{where}, {case['optimizer']}, {scaler}"
+
+
+def observe_amp_step(fn, case: dict) -> dict:
+    """Two steps: the model's output dtype, the returned loss, the parameters, the scale."""
+    device = torch.device(case["device"])
+    torch.manual_seed(case["seed"])
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)
+    params = model.parameters()
+    optimizer = {
+        "momentum": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        "adamw": lambda: torch.optim.AdamW(params, lr=0.01),
+    }[case["optimizer"]]()
+    scaler = None if case["scaler"] == "none" else torch.amp.GradScaler(device.type)
+    if case["scaler"] == "overflow":
+        # As if a scaled gradient had overflowed float16: the scaler must skip the update.
+        model[0].weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    model, probe, seen = _probed(model)
+    gen = torch.Generator().manual_seed(case["seed"])
+    observed = {}
+    for call in (1, 2):
+        x = torch.randn(32, 8, generator=gen).to(device)
+        y = torch.randint(0, 3, (32,), generator=gen).to(device)
+        if case.get("claims"):
+            x, y = x.as_subclass(_ClaimsDevice), y.as_subclass(_ClaimsDevice)
+        seen.clear()
+        with warnings.catch_warnings():
+            # A stand-in's CUDA autocast on a machine without CUDA: torch says it is disabled.
+            warnings.filterwarnings("ignore", message="CUDA is not available")
+            returned = call_answer(
+                AMP, "amp_train_step", fn, model, optimizer, nn.CrossEntropyLoss(), x, y, scaler,
+                case=label_amp(case),
+            )  # fmt: skip
+        dtypes = [dtype for _, dtype in seen] if _probe_intact(model, probe, seen) else None
+        observed[f"the dtype of the model's output in call {call}"] = (
+            TAMPERED if dtypes is None else dtypes[0] if dtypes else "the model never ran"
+        )
+        observed[f"the value returned by call {call}"] = _plain(returned)
+        # Compared at bfloat16's precision, the coarser of the two: that is all AMP promises.
+        observed[f"the parameters after call {call} (rounded to bfloat16)"] = {
+            name: p.detach().to(torch.bfloat16) for name, p in model.named_parameters()
+        }
+        if scaler is not None:
+            observed[f"the scaler's scale after call {call}"] = float(scaler.get_scale())
+    return observed
+
+
+# ---------------------------------------------------------------- ch10_checkpointed_forward
+
+OWN_HOOKS = "the blocks ran under saved_tensors_hooks of the answer's own"
+KEPT = "the bytes kept for backward (at most)"
+RUNS_FORWARD = "how many times each block ran in the forward pass"
+RUNS_BACKWARD = "how many times each block ran again during backward (recomputation)"
+
+
+UNKNOWN = "unknown"  # this torch cannot say which saved-tensor hooks are in effect
+
+
+def _top_pack_hook():
+    """The pack function of the innermost ``saved_tensors_hooks`` in effect, or None."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return UNKNOWN
+    try:
+        hooks = top(False)
+    except TypeError:  # older torch: no argument
+        hooks = top()
+    return hooks[0] if hooks else None
+
+
+def _drop_left_over(pack) -> None:
+    """Take the check's hook off the stack if an answer left a hook of its own above it (the
+    context manager's exit then removed that one instead of the check's)."""
+    pop = getattr(torch._C._autograd, "_pop_saved_tensors_default_hooks", None)
+    for _ in range(8):
+        if pop is None or _top_pack_hook() is not pack:
+            return
+        pop()
+
+
+def _is_checkpoints_own(pack) -> bool:
+    return getattr(pack, "__module__", None) == "torch.utils.checkpoint"
+
+
+class _CountedBlock(nn.Sequential):
+    """A block that counts its forward passes and notes whose saved-tensor hooks it ran under.
+
+    Under the check, a block's activations are saved either through the check's own hook
+    (nothing checkpointed) or through ``torch.utils.checkpoint``'s (checkpointed). Any other
+    hook innermost would hide what the forward keeps from the check's count.
+    """
+
+    def __init__(self, *layers):
+        super().__init__(*layers)
+        self.runs, self.check_pack, self.foreign_hooks = 0, None, False
+
+    def forward(self, x):
+        self.runs += 1
+        pack = _top_pack_hook()
+        theirs = pack not in (self.check_pack, UNKNOWN) and not _is_checkpoints_own(pack)
+        if self.check_pack is not None and theirs and torch.is_grad_enabled():
+            self.foreign_hooks = True
+        return super().forward(x)
+
+
+def _blocks_intact(blocks: list) -> bool:
+    return all(
+        type(b) is _CountedBlock and "forward" not in vars(b) and not b._forward_pre_hooks
+        for b in blocks
+    )
+
+
+def label_checkpointed(case: dict) -> str:
+    grad = ", the input requires grad" if case["input_grad"] else ""
+    return (f"{case['layers']} blocks in {case['segments']} segments, as a {case['container']}, "
+            f"{case['dtype']}, {case['device']}{grad}")  # fmt: skip
+
+
+def _checkpoint_setup(case: dict):
+    device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
+    torch.manual_seed(case["seed"])
+    width = 4
+    blocks = [
+        _CountedBlock(nn.Linear(width, 4 * width), nn.GELU(),
+                      nn.Linear(4 * width, width)).to(device=device, dtype=dtype)
+        for _ in range(case["layers"])
+    ]  # fmt: skip
+    layers = {
+        "modulelist": nn.ModuleList,
+        "sequential": lambda b: nn.Sequential(*b),
+        "list": list,
+    }[case["container"]](blocks)
+    gen = torch.Generator().manual_seed(case["seed"])
+    x = torch.randn(3, width, generator=gen, dtype=dtype).to(device)
+    weights = torch.randn(3, width, generator=gen, dtype=dtype).to(device)
+    return blocks, layers, x, weights
+
+
+def _is_parameter(tensor: torch.Tensor) -> bool:
+    # A view (weight.t(), weight[0]) points at the tensor that owns the memory through `_base`.
+    owner = tensor._base if tensor._base is not None else tensor
+    return isinstance(owner, nn.Parameter)
+
+
+class _SavedBytes(torch.autograd.graph.saved_tensors_hooks):
+    """Counts the distinct storages autograd saves for backward, parameters left out (the model
+    holds them anyway), while the body runs."""
+
+    def __init__(self):
+        self.storages: dict[tuple[str, int], torch.UntypedStorage] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            if not _is_parameter(tensor):
+                storage = tensor.untyped_storage()
+                # Holding the storage keeps its address from being reused by a later tensor.
+                self.storages[(str(tensor.device), storage.data_ptr())] = storage
+            # A detached alias: an op that saves its own output would otherwise hold that
+            # output through its grad_fn, a cycle that keeps the graph alive.
+            return tensor.detach()
+
+        self.pack = pack
+        super().__init__(pack, lambda tensor: tensor)
+
+    def total(self) -> int:
+        return sum(storage.nbytes() for storage in self.storages.values())
+
+
+def observe_checkpointed_forward(fn, case: dict) -> dict:
+    """The output, the gradients it gives, the bytes it keeps, and how often each block ran."""
+    blocks, layers, x, weights = _checkpoint_setup(case)
+    label = label_checkpointed(case)
+    x_in = x.clone().requires_grad_(case["input_grad"])
+    counting = _SavedBytes()
+    for block in blocks:
+        block.check_pack = counting.pack
+    try:
+        with counting:
+            out = call_answer(CHECKPOINTED, "checkpointed_forward", fn, layers, x_in,
+                              case["segments"], case=label)  # fmt: skip
+            # The answer must leave the check's hook where it found it: innermost.
+            hooks_kept = _top_pack_hook() in (counting.pack, UNKNOWN)
+    finally:
+        _drop_left_over(counting.pack)
+    if not isinstance(out, torch.Tensor):
+        raise Mistake(
+            CHECKPOINTED,
+            f"the output should be a tensor, but `checkpointed_forward` returned "
+            f"{type(out).__name__} (case: {label}). Return what the last segment gives.",
+        )
+    intact = _blocks_intact(blocks)
+    in_forward = [block.runs for block in blocks]
+    seen = {"the output": out.detach().clone(), "the output needs grad": out.requires_grad}
+    if out.requires_grad:
+        (out * weights).sum().backward()
+    for b, block in enumerate(blocks):
+        for name, p in block.named_parameters():
+            seen[f"the gradient of block {b}'s {name}"] = _plain(p.grad)
+    if case["input_grad"]:
+        seen["the gradient of the input"] = _plain(x_in.grad)
+    seen[OWN_HOOKS] = any(block.foreign_hooks for block in blocks) or not hooks_kept
+    seen[KEPT] = counting.total()
+    seen[RUNS_FORWARD] = in_forward if intact else TAMPERED
+    seen[RUNS_BACKWARD] = (
+        [block.runs - ran for block, ran in zip(blocks, in_forward)]
+        if intact and _blocks_intact(blocks)
+        else TAMPERED
+    )
+    return seen

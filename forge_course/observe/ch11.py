@@ -1,0 +1,420 @@
+"""Chapter 11's learner half: call the ring, start real ranks for the DDP worker, report facts.
+
+The DDP worker runs as ``world_size`` fresh interpreters, started the way torchrun and
+`torch.multiprocessing.spawn` start ranks: never forked, because a process forked after autograd
+has run on a machine with a GPU cannot run backward ("Unable to handle autograd's threading in
+combination with fork-based multiprocessing"). A fresh interpreter cannot import a function
+defined in a notebook cell, so the worker travels by value: its code object (`marshal`), and the
+globals, defaults and closure it uses, each by reference where it can be imported (modules,
+library functions and classes) and by value where it cannot (functions of the notebook).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import copy
+import dis
+import importlib
+import json
+import marshal
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import torch
+
+from forge_course.observe import common
+from forge_course.observe.common import Mistake, call_answer
+
+RING, DDP = "ch11_ring_allreduce", "ch11_ddp_worker"
+
+# ---------------------------------------------------------------- ch11_ring_allreduce
+
+
+def label_ring(case: dict) -> str:
+    buffers = case["buffers"]
+    return f"{len(buffers)} workers, {len(buffers[0])} values each"
+
+
+def _as_lists(value):
+    """Lists from lists, tuples, NumPy arrays and tensors (whatever holds the numbers)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(v) for v in value]
+    return value
+
+
+def _bits(values, what: str) -> list[list[str]]:
+    """Each worker's numbers as the shortest text that gives the float back exactly."""
+    try:
+        return [[repr(float(x)) for x in worker] for worker in values]
+    except (TypeError, ValueError):
+        raise Mistake(
+            RING, f"{what} should be one list of numbers per worker, but it is {values!r:.120}."
+        ) from None
+
+
+def observe_ring(fn, case: dict) -> dict:
+    """What every worker ends with (to the bit), the steps, the sends, and the caller's buffers.
+
+    The buffers handed over are the caller's own lists: what they hold after the call shows
+    whether the answer changed them.
+    """
+    buffers = copy.deepcopy(case["buffers"])
+    out = call_answer(RING, "ring_allreduce", fn, buffers, case=label_ring(case))
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise Mistake(
+            RING,
+            f"`ring_allreduce` should return a pair `(results, sends)`, but it returned "
+            f"{type(out).__name__}.",
+        )
+    results = _bits(_as_lists(out[0]), "`results`")
+    try:
+        sends = [[[int(v) for v in send] for send in step] for step in _as_lists(out[1])]
+    except (TypeError, ValueError):
+        raise Mistake(
+            RING, "`sends` should be one list per step of `(src, dst, chunk)` tuples of ints."
+        ) from None
+    return {
+        "results, to the bit": results,
+        "every worker holds the same bits": all(worker == results[0] for worker in results),
+        "number of steps": len(sends),
+        "sends": sends,
+        "the `buffers` passed in, after the call": _bits(buffers, "`buffers`"),
+    }
+
+
+# ---------------------------------------------------------------- ch11_ddp_worker
+
+DDP_TIMEOUT_S = 60  # seconds all ranks together may take, start-up included, before they stop
+_DONE_WAIT_S = 10  # how long a finished rank waits for its peers before it leaves
+# A rank starts with the course's path, reads its job from stdin, and runs `_rank_process`.
+_BOOT = (
+    "import json, sys; head, _, job = sys.stdin.buffer.read().partition(b'\\n'); "
+    "sys.path[:] = json.loads(head); "
+    "from forge_course.observe.ch11 import _rank_process; _rank_process(job)"
+)
+
+
+def label_ddp(case: dict) -> str:
+    world_size = case["world_size"]
+    return f"{world_size} rank{'s' if world_size > 1 else ''}"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for the ranks' rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# -- a function, by value ------------------------------------------------------------------------
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _defined_here(value) -> bool:
+    """Defined in a notebook cell or a script run as the main program: not importable."""
+    return getattr(value, "__module__", None) in ("__main__", "__mp_main__", None)
+
+
+class _Packer:
+    """Turns a function into plain data a fresh interpreter can rebuild it from (`_unpack`)."""
+
+    def __init__(self) -> None:
+        self.functions: dict[int, dict] = {}
+        self.namespaces: dict[int, dict] = {}
+        self.unsent: dict[str, str] = {}
+
+    def function(self, fn: types.FunctionType) -> tuple:
+        key = id(fn)
+        if key not in self.functions:
+            entry = {"code": marshal.dumps(fn.__code__), "name": fn.__name__}
+            self.functions[key] = entry
+            entry["qualname"] = fn.__qualname__
+            space = id(fn.__globals__)
+            if space not in self.namespaces:
+                self.namespaces[space] = {"name": fn.__globals__.get("__name__"), "values": {}}
+            values = self.namespaces[space]["values"]
+            for name in sorted(_global_names(fn.__code__)):
+                if name in fn.__globals__ and name not in values:
+                    values[name] = None  # taken: a function that refers to itself stops here
+                    ref = self.value(fn.__globals__[name], name)
+                    if ref is None:
+                        del values[name]
+                    else:
+                        values[name] = ref
+            entry["namespace"] = space
+            entry["defaults"] = [self.value(v, "a default") for v in fn.__defaults__ or ()]
+            keywords = fn.__kwdefaults__ or {}
+            entry["kwdefaults"] = {k: self.value(v, k) for k, v in keywords.items()}
+            entry["closure"] = [self.cell(c) for c in fn.__closure__ or ()]
+        return ("function", key)
+
+    def cell(self, cell: types.CellType) -> tuple | None:
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # a closure variable not assigned yet
+            return None
+        return self.value(contents, "a closure variable")
+
+    def value(self, value, name: str) -> tuple | None:
+        if isinstance(value, types.ModuleType):
+            return ("module", value.__name__)
+        if isinstance(value, types.FunctionType) and (
+            _defined_here(value) or value.__name__ != value.__qualname__ or not _importable(value)
+        ):
+            return self.function(value)
+        if isinstance(value, type) and _defined_here(value):
+            self.unsent[name] = f"a class defined in the notebook ({value.__name__})"
+            return None
+        try:
+            return ("pickle", pickle.dumps(value))
+        except Exception:  # noqa: BLE001  (anything that cannot be pickled stays behind)
+            self.unsent[name] = f"a {type(value).__name__}"
+            return None
+
+
+def _importable(fn: types.FunctionType) -> bool:
+    module = sys.modules.get(fn.__module__)
+    return module is not None and getattr(module, fn.__name__, None) is fn
+
+
+def _unpack(payload: dict, unsent: dict[str, str]) -> types.FunctionType:
+    """The function `_Packer` packed; globals that cannot be rebuilt here are left out and
+    named in ``unsent``, with the ones the parent could not send."""
+    namespaces = {
+        key: {"__builtins__": builtins, "__name__": space["name"] or "__main__"}
+        for key, space in payload["namespaces"].items()
+    }
+    functions = {}
+    for key, entry in payload["functions"].items():
+        code = marshal.loads(entry["code"])
+        cells = tuple(types.CellType() for _ in entry["closure"])
+        fn = types.FunctionType(code, namespaces[entry["namespace"]], entry["name"], None,
+                                cells or None)  # fmt: skip
+        fn.__qualname__ = entry["qualname"]
+        functions[key] = fn
+
+    def resolve(ref):
+        if ref is None:  # a value that could not be sent (named in `unsent`)
+            return None
+        kind, what = ref
+        if kind == "module":
+            return importlib.import_module(what)
+        if kind == "function":
+            return functions[what]
+        return pickle.loads(what)  # the parent wrote it, for this very process
+
+    for key, space in payload["namespaces"].items():
+        for name, ref in space["values"].items():
+            try:
+                namespaces[key][name] = resolve(ref)
+            except Exception as err:  # noqa: BLE001  (a global the worker may not even use)
+                unsent[name] = f"{type(err).__name__} when it was rebuilt"
+    for key, entry in payload["functions"].items():
+        fn = functions[key]
+        fn.__defaults__ = tuple(resolve(ref) for ref in entry["defaults"]) or None
+        fn.__kwdefaults__ = {k: resolve(ref) for k, ref in entry["kwdefaults"].items()} or None
+        for cell, ref in zip(fn.__closure__ or (), entry["closure"]):
+            if ref is not None:
+                cell.cell_contents = resolve(ref)
+    return functions[payload["root"]]
+
+
+# -- one rank --------------------------------------------------------------------------------
+
+_RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap}
+
+
+def _rank_process(data: bytes) -> None:
+    """A rank: arm the caller's guard, watch init_process_group, run the worker, report."""
+    job = pickle.loads(data)  # written by the observer that started this process
+    torch.set_num_threads(1)  # a tiny model: one thread per rank is plenty
+    if job["guard"]:
+        importlib.import_module(job["guard"])  # the caller's tripwire: references refuse to run
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    real_init, joined = distributed_c10d.init_process_group, []
+
+    def init_process_group(*args, **kwargs):
+        real_init(*args, **kwargs)
+        joined.append(f"rank {dist.get_rank()} of {dist.get_world_size()}")
+
+    init_process_group.__module__ = real_init.__module__
+    init_process_group.__qualname__ = real_init.__qualname__
+    # Installed before the worker's globals are rebuilt, so that a global bound to the library's
+    # function (`from torch.distributed import init_process_group`) is bound to this one.
+    dist.init_process_group = distributed_c10d.init_process_group = init_process_group
+    report = Path(job["reports"], f"rank{job['args'][0]}.json")
+
+    def finish(error: str | None) -> None:
+        watched = dist.init_process_group is init_process_group
+        result = {
+            "joined": ", ".join(joined) or "none",
+            "intact": watched and distributed_c10d.init_process_group is init_process_group,
+            "error": error,
+            "time": time.time(),
+        }
+        Path(f"{report}.part").write_text(json.dumps(result))
+        os.replace(f"{report}.part", report)
+        if error is None:  # stay until every rank is through, so no peer vanishes mid-collective
+            deadline = time.monotonic() + _DONE_WAIT_S
+            while len(list(report.parent.glob("rank*.json"))) < job["world_size"]:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0 if error is None else 1)  # no interpreter teardown: nothing is left to wait for
+
+    try:
+        fn = _unpack(job["worker"], job["unsent"])
+    except Exception as err:  # noqa: BLE001
+        finish(f"`worker` could not be rebuilt in the rank's process: {type(err).__name__}: {err}")
+        return
+    code = fn.__code__
+
+    # Leave the moment the worker returns, before its locals are freed: a DDP model freed after
+    # its process group was destroyed can block forever in its destructor (about 1 run in 20).
+    def in_worker(frame, event, arg):
+        if event == "return" and frame.f_code.co_code[frame.f_lasti] in _RETURNS:
+            finish(None)
+        return in_worker
+
+    rank, world_size = job["args"][:2]
+    where = f"rank {rank} of {world_size}"
+    sys.settrace(lambda frame, event, arg: in_worker if frame.f_code is code else None)
+    try:
+        call_answer(DDP, "worker", fn, *job["args"], case=where)
+    except Mistake as mistake:
+        message = str(mistake).removeprefix(f"[{DDP}] ")
+        if "NameError" in message and job["unsent"]:
+            left = ", ".join(f"`{k}` ({v})" for k, v in job["unsent"].items())
+            message += (f". These globals could not be sent to the rank processes: {left}; "
+                        "create them inside `worker`")  # fmt: skip
+        finish(message)
+    except BaseException as err:  # noqa: BLE001  (SystemExit included: this rank failed)
+        finish(f"`worker` raised {type(err).__name__} ({where}): {err}".rstrip(": "))
+    finish(None)
+
+
+def _start_ranks(fn, world_size: int, out_dirs: list[str], reports: str) -> dict:
+    """Start the ranks, wait at most `DDP_TIMEOUT_S`, and kill whatever they leave behind."""
+    packer = _Packer()
+    root = packer.function(fn)[1]
+    worker = {"functions": packer.functions, "namespaces": packer.namespaces, "root": root}
+    guard = getattr(common._guard, "__module__", None) or common.__name__
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # read when torch starts: one thread per rank
+    port, procs = free_port(), []
+    for rank in range(world_size):
+        job = {
+            "worker": worker, "unsent": packer.unsent, "world_size": world_size,
+            "args": (rank, world_size, port, out_dirs[rank]), "reports": reports,
+            "guard": "" if guard == common.__name__ else guard,
+        }  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _BOOT], stdin=subprocess.PIPE, env=env,
+            start_new_session=True,  # its own group: killed with all it started, in one call
+        )  # fmt: skip
+        procs.append(proc)
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(json.dumps(sys.path).encode() + b"\n" + pickle.dumps(job))
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+    deadline, timed_out = time.monotonic() + DDP_TIMEOUT_S, False
+    try:
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            if any(p.poll() not in (None, 0) for p in procs):
+                # A rank failed: its peers get a moment to fail on their own, then they go.
+                deadline = min(deadline, time.monotonic() + 5)
+            time.sleep(0.02)
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    ranks = []
+    for rank in range(world_size):
+        path = Path(reports, f"rank{rank}.json")
+        ranks.append(json.loads(path.read_text()) if path.exists() else None)
+    return {"timed_out": timed_out, "exitcodes": [p.returncode for p in procs], "ranks": ranks}
+
+
+def _weights(path: Path):
+    """The state dict saved at ``path``, in float64 (exact), or what was found instead."""
+    if not path.exists():
+        return "no file"
+    try:
+        saved = torch.load(path, weights_only=True)
+    except Exception as err:  # noqa: BLE001  (whatever was written there, say what it is)
+        return f"a file torch.load cannot read ({type(err).__name__})"
+    if not (isinstance(saved, dict) and all(isinstance(v, torch.Tensor) for v in saved.values())):
+        return f"a {type(saved).__name__}, not a state_dict"
+    return {str(k): v.detach().cpu().double() for k, v in saved.items()}
+
+
+def observe_ddp_worker(fn, case: dict) -> dict:
+    """Run ``fn`` as ``world_size`` fresh processes, each with its own empty ``out_dir``.
+
+    Returns, in this order: the process group each rank joined (read from torch after its
+    ``init_process_group`` returned), the files each rank saved in its own folder, whether the
+    ranks' ``rank{r}.pt`` hold the same weights, and rank 0's weights (float64, exact).
+    """
+    world_size, label = case["world_size"], label_ddp(case)
+    if not isinstance(fn, types.FunctionType):
+        raise Mistake(DDP, f"`worker` should be a function defined with `def`, not "
+                           f"{type(fn).__name__}.")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="forge-ch11-") as root:
+        out_dirs = [tempfile.mkdtemp(prefix="out-", dir=root) for _ in range(world_size)]
+        reports = tempfile.mkdtemp(prefix="reports-", dir=root)
+        run = _start_ranks(fn, world_size, out_dirs, reports)
+        failed = [(r["time"], rank, r["error"]) for rank, r in enumerate(run["ranks"])
+                  if r is not None and r["error"] is not None]  # fmt: skip
+        if failed:  # the first to fail is the cause; its peers failed because it left
+            raise Mistake(DDP, min(failed)[2])
+        if run["timed_out"]:
+            raise Mistake(
+                DDP,
+                f"the ranks did not finish within {DDP_TIMEOUT_S} s ({label}) and were stopped. "
+                "A rank waits forever when the others never join or skip a collective: check "
+                "that every rank calls init_process_group with the same world_size and port, and "
+                "runs the same number of steps.",
+            )
+        if any(report is None for report in run["ranks"]):
+            raise Mistake(DDP, f"a rank crashed ({label}): exit codes {run['exitcodes']}.")
+        saved = [sorted(p.name for p in Path(d).iterdir()) for d in out_dirs]
+        weights = [_weights(Path(d, f"rank{rank}.pt")) for rank, d in enumerate(out_dirs)]
+    same = all(
+        isinstance(w, dict) and w.keys() == weights[0].keys()
+        and all(torch.equal(w[k], weights[0][k]) for k in w)
+        for w in weights
+    )  # fmt: skip
+    return {
+        "the check's watch on init_process_group was left in place": all(
+            report["intact"] for report in run["ranks"]
+        ),
+        "the process group each rank joined": [report["joined"] for report in run["ranks"]],
+        "the files each rank saved in its own out_dir": saved,
+        "every rank saved the same weights": same,
+        "the weights rank 0 saved": weights[0],
+    }

@@ -1,0 +1,262 @@
+"""The grader's trust boundary, attacked as a determined class would, graded as one class.
+
+Every attack here is a copy of the solved chapter 04 example with one answer cell replaced. The
+class runs once, with the default ``--jobs``; each attack must end its targeted exercise with
+a named status and zero points, leave the other exercises graded, and leave the run, the other
+students and the outputs intact. Kinds of attack (each with several cases of its own):
+
+* reaching an answer: the references, the checks' grader half, the course's files or history
+  are not in the sandbox, whatever the spelling;
+* one exercise controlling the next: files planted in the working folder or ``/tmp``;
+* forging the worker's messages: lines it never writes, duplicated results, huge numbers,
+  deep nesting;
+* refused at run time: memory searches, native libraries, trace hooks;
+* totals per submission: files, CPU time, open files;
+* names and text that would break a writer: formula-like, multi-line, over-long, not UTF-8,
+  lone surrogates, symbolic links.
+"""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from forge_course.grader import export, run, sandbox
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+CH = "ch04_one_training_step"
+HAND, TRAIN, QUESTIONS = "ch04_hand_step", "ch04_train_step", "ch04_questions"
+HAND_TEST, TRAIN_TEST = "ch04_hand_step_tests", "ch04_train_step_tests"
+SOLVED = REPO / "autograder" / "examples" / "alice" / CH / f"{CH}.ipynb"
+LIMITS = sandbox.Limits(seconds=20, cpu_seconds=12, files=2000)
+STEP = "def train_step(model, optimizer, loss_fn, x, y):\n"
+WRONG = STEP + "    return 0.0\n"
+
+
+def submit(submitted, student, answers):
+    nb = nbformat.read(SOLVED, as_version=4)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    path = submitted / student / CH / f"{CH}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def _answer_with(body: str) -> str:
+    """A train_step that runs ``body`` (which sets ``got``) and returns it."""
+    indented = "".join(f"    {line}\n" for line in body.splitlines())
+    return STEP + indented + "    return got\n"
+
+
+# name -> (answers, {test: status it must end with}); tests not named must score full.
+ATTACKS = {
+    # Reaching an answer: nothing of the references, the grader half or the course is inside.
+    "resolve_reference": ({TRAIN: "import pkgutil\n" + _answer_with(
+        "ref = pkgutil.resolve_name('forge_course.reference.step')\n"
+        "got = ref.train_step.__wrapped__(model, optimizer, loss_fn, x, y)")},
+        {TRAIN_TEST: "wrong"}),
+    "grader_half": ({TRAIN: "import pkgutil\n" + _answer_with(
+        "g = pkgutil.resolve_name('forge_course.grading.ch04')\n"
+        "got = g.TRAIN_STEP.reference(model, optimizer, loss_fn, x, y)")}, {TRAIN_TEST: "wrong"}),
+    "read_course_files": ({TRAIN: _answer_with(
+        f"got = float(len(open({str(REPO / 'forge_course/reference/step.py')!r}).read()))")},
+        {TRAIN_TEST: "wrong"}),
+    "git_history": ({TRAIN: "import pkgutil\n" + _answer_with(
+        "sp = pkgutil.resolve_name('subprocess')\n"
+        f"got = sp.run(['git', '-C', {str(REPO)!r}, 'show', 'HEAD:forge_course/reference/step.py'],"
+        " capture_output=True, check=True).stdout.decode()")}, {TRAIN_TEST: "wrong"}),
+    # One exercise controlling the next: planted modules never reach the next worker.
+    "plant_modules": ({HAND: "import os\nfor folder in ('.', '/tmp'):\n"
+        "    os.makedirs(f'{folder}/forge_course/observe', exist_ok=True)\n"
+        "    open(f'{folder}/torch.py', 'w').write('raise SystemExit')\n"
+        "    open(f'{folder}/forge_course/observe/ch04.py', 'w').write("
+        "'def observe_train_step(fn, case): return {}')\n"
+        "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
+        {HAND_TEST: "wrong"}),
+    "plant_sitecustomize": ({HAND: "open('sitecustomize.py', 'w').write('import os; os._exit(0)')\n"
+        "open('/tmp/usercustomize.py', 'w').write('import os; os._exit(0)')\n"
+        "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
+        {HAND_TEST: "wrong"}),
+    "leave_a_process": ({HAND: "import os, pkgutil\nif pkgutil.resolve_name('os.fork')() == 0:\n"
+        "    os.execv('/bin/sleep', ['sleep', '61.5'])\n"
+        "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
+        {HAND_TEST: "wrong"}),
+    # Forged messages: lines the worker never writes make the exercise tampered.
+    "forged_line": ({TRAIN: "import os\n" + _answer_with(
+        "for fd in range(3, 40):\n"
+        "    try:\n        os.write(fd, b'{\"case\": 0, \"observation\": 1}\\n')\n"
+        "    except OSError:\n        pass\ngot = 0.0")},
+        {TRAIN_TEST: "tampered"}),
+    "huge_integer": ({TRAIN: _answer_with("got = 10 ** 5000")}, {TRAIN_TEST: "wrong"}),
+    "deep_nesting": ({TRAIN: _answer_with(
+        "got = []\nfor _ in range(5000):\n    got = [got]")}, {TRAIN_TEST: "wrong"}),
+    # Refused at run time, however it is spelled.
+    "memory_search": ({TRAIN: "import pkgutil\n" + _answer_with(
+        "objects = pkgutil.resolve_name('gc.get_objects')()\ngot = 0.0")},
+        {TRAIN_TEST: "tampered"}),
+    "native_library": ({TRAIN: "import pkgutil\n" + _answer_with(
+        "libc = pkgutil.resolve_name('ctypes.CDLL')(None)\ngot = float(libc.getpid())")},
+        {TRAIN_TEST: "tampered"}),
+    "trace_hook": ({TRAIN: "import threading\n" + _answer_with(
+        "threading.setprofile(None)\nimport pkgutil\n"
+        "pkgutil.resolve_name('sys.settrace')(lambda *a: None)\ngot = 0.0")},
+        {TRAIN_TEST: "tampered"}),
+    "shared_memory": ({HAND: "import pkgutil\n"
+        "pkgutil.resolve_name('multiprocessing.shared_memory.SharedMemory')("
+        "name='forge-boundary-probe', create=True, size=1 << 20)\n"
+        "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
+        {HAND_TEST: "wrong"}),
+    # Totals per submission, enforced while it runs.
+    "many_files": ({HAND: "import os\nos.makedirs('d', exist_ok=True)\n"
+        "for i in range(100_000):\n    open(f'd/{i}', 'w').close()\n"
+        "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
+        {HAND_TEST: "resource limit"}),
+    "cpu_in_processes": ({HAND: "import os, time, pkgutil\n"
+        "for _ in range(3):\n    if pkgutil.resolve_name('os.fork')() == 0:\n"
+        "        end = time.time() + 30\n        while time.time() < end: pass\n"
+        "end = time.time() + 30\nwhile time.time() < end: pass\n"
+        "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
+        {HAND_TEST: "resource limit"}),
+    "open_files": ({TRAIN: _answer_with(
+        "files = [open('/dev/null') for _ in range(20_000)]\ngot = 0.0")},
+        {TRAIN_TEST: "resource limit"}),
+    # Text that would break a writer: it is stored, bounded and valid.
+    "surrogate_message": ({TRAIN: _answer_with(
+        "raise ValueError('\\ud800' * 10 + '=1+1' * 10**6)")},
+        {TRAIN_TEST: "wrong"}),
+}  # fmt: skip
+
+NAMES = {  # folder name -> what it must be graded under (None: a safe id of its own)
+    '=HYPERLINK("http://x","y")': None,
+    "+1+1": None,
+    "-2": None,
+    "@SUM(A1)": None,
+    "\tTAB": None,
+    'line\nbreak,"other",7': None,
+    "x" * 251: None,
+    "é-normal_name.1": None,
+}
+
+
+def _class(submitted):
+    for name, (answers, _) in ATTACKS.items():
+        submit(submitted, name, answers)
+    submit(submitted, "solved", {})
+    submit(submitted, "wrong", {TRAIN: WRONG})
+    for name in NAMES:
+        submit(submitted, name, {})
+    # Symbolic links: a notebook linked to the instructor's copy, a folder linked to another's.
+    (submitted / "linked_notebook" / CH).mkdir(parents=True)
+    (submitted / "linked_notebook" / CH / f"{CH}.ipynb").symlink_to(SOLVED)
+    (submitted / "linked_folder").symlink_to(submitted / "solved")
+    bad = os.fsencode(str(submitted)) + b"/not-utf8-\xff"
+    os.makedirs(os.fsdecode(bad) + f"/{CH}")
+    shutil.copy(SOLVED, os.fsdecode(bad) + f"/{CH}/{CH}.ipynb")
+    # A notebook whose answer cell's source is not text, and one with a forged test cell.
+    nb = json.loads(SOLVED.read_text())
+    for cell in nb["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == TRAIN:
+            cell["source"] = {"not": "text"}
+    (submitted / "odd_source" / CH).mkdir(parents=True)
+    (submitted / "odd_source" / CH / f"{CH}.ipynb").write_text(json.dumps(nb))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("boundary")
+    grading = root / "grading"
+    _class(grading / "submitted")
+    outcomes = run.grade([CH], grading=grading, limits=LIMITS, progress=False, unsafe=True,
+                         seed=1234)  # fmt: skip
+    return grading, outcomes
+
+
+def _by_folder(outcomes):
+    return {student: results for (student, _), results in outcomes.items()}
+
+
+def test_every_attack_scores_zero_with_its_status_and_the_rest_is_graded(graded):
+    _, outcomes = graded
+    results = _by_folder(outcomes)
+    assert all(r["status"] == "graded" for r in results["solved"].values())
+    assert results["wrong"][TRAIN_TEST]["status"] == "wrong"
+    problems = []
+    for name, (_, targeted) in ATTACKS.items():
+        for test, r in results[name].items():
+            want = targeted.get(test, "graded")
+            if r["status"] != want or (want != "graded") != (r["points"] == 0):
+                problems.append(f"{name}: {test} is {r['status']} ({r['message'][:200]})")
+    assert not problems, "\n".join(problems)
+
+
+def test_links_and_unreadable_cells_are_refused_and_named(graded):
+    _, outcomes = graded
+    results = _by_folder(outcomes)
+    for name in ("linked_notebook", "odd_source"):
+        assert {r["status"] for r in results[name].values()} == {"malformed"}, results[name]
+    linked = results[run.student_id("linked_folder")]
+    assert {r["status"] for r in linked.values()} == {"malformed"}
+
+
+def test_every_student_once_under_a_safe_id_and_no_cell_is_a_formula(graded):
+    grading, outcomes = graded
+    students = [s for s, _ in outcomes]
+    assert len(students) == len(set(students)) == len(ATTACKS) + len(NAMES) + 6
+    for student in students:
+        assert len(student) <= 64 and student[0] not in "-.=+@" and "\n" not in student
+    for name in NAMES:
+        assert all(
+            r["status"] == "graded" for r in _by_folder(outcomes)[run.student_id(name)].values()
+        )
+    ids = list(csv.DictReader((grading / "student_ids.csv").open(encoding="utf-8")))
+    assert len(ids) == sum(run.student_id(n) != n for n in NAMES) + 1  # + the one not UTF-8
+    rows = list(csv.reader((grading / "grades.csv").open(encoding="utf-8")))
+    exported_csv = grading / "export.csv"
+    done = subprocess.run(
+        [sys.executable, "-m", "nbgrader", "export", "--to", str(exported_csv)],
+        cwd=REPO / "autograder", capture_output=True, text=True, timeout=120,
+        env={**os.environ, "FORGE_GRADING_DIR": str(grading),
+             "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows += list(csv.reader(exported_csv.open(encoding="utf-8")))
+    for row in rows:
+        for cell in row:
+            assert not cell.startswith(export.FORMULA_START), row
+            assert len(cell) < 3000
+    exported = [r["student_id"] for r in csv.DictReader(exported_csv.open(encoding="utf-8"))]
+    assert sorted(exported) == sorted(students)
+
+
+def test_nothing_is_left_on_the_host(graded):
+    assert not os.path.exists("/dev/shm/forge-boundary-probe")
+    leftovers = subprocess.run(["pgrep", "-f", "sleep 61.5"], capture_output=True)
+    assert leftovers.stdout == b"", "a process outlived its sandbox"
+
+
+def test_a_resumed_run_changes_nothing_and_a_forged_entry_is_regraded(graded):
+    grading, outcomes = graded
+    ledger = run.Ledger(grading / "forge")
+    entry = ledger.path(CH, "wrong")
+    saved = json.loads(entry.read_text())
+    saved["record"]["results"][TRAIN_TEST].update(status="graded", points=3.0)
+    entry.write_text(json.dumps(saved))
+    again = run.grade([CH], grading=grading, limits=LIMITS, progress=False, unsafe=True,
+                      seed=1234)  # fmt: skip
+    assert again == outcomes
+
+
+def test_grading_refuses_to_run_without_a_sandbox_unless_told(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox, "isolation", lambda: "process")
+    with pytest.raises(run.SandboxUnavailable, match="bubblewrap"):
+        run.grade([CH], grading=tmp_path, progress=False)
