@@ -131,8 +131,9 @@ def test_round_trip(chapter, tmp_path):
             elif failing[test] not in said:
                 problems.append(f"{student}: {test} should say {failing[test]!r}; it says {said!r}")
 
-    # forge-course grade, on the same submissions, in isolated workers, agrees point for point.
-    forge = grader_run.grade([chapter], submitted=root / "grading" / "submitted", jobs=1,
+    # forge-course grade, on the same submissions, two at a time (the default on two cores), in
+    # isolated workers, agrees point for point.
+    forge = grader_run.grade([chapter], submitted=root / "grading" / "submitted", jobs=2,
                              progress=False, course_root=REPO, grading=root / "forge",
                              unsafe=True)  # fmt: skip
     for student in students:

@@ -139,3 +139,21 @@ def test_every_isolation_keeps_loopback_and_leaves_no_process_behind(mode):
             if marker in cmdline.read_text():
                 leftovers.append(cmdline.parent.name)
     assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def test_the_sandbox_refuses_namespaces_mounts_and_ptrace():
+    """The seccomp filter: calls no answer needs fail with EPERM, whatever starts them."""
+    if sandbox.isolation() != "bubblewrap":
+        pytest.skip("the seccomp filter comes with bubblewrap")
+    answer = (
+        "import subprocess\n"
+        "codes = [subprocess.run(c, capture_output=True).returncode for c in\n"
+        "         (['unshare', '-U', 'true'], ['unshare', '-n', 'true'], ['true'])]\n"
+        "run = subprocess.run(['unshare', '-U', 'true'], capture_output=True, text=True)\n"
+        "denied = run.stderr\n"
+    )
+    outcome = sandbox.run({"prelude": "", "answer": answer, "variables": ["codes", "denied"]},
+                          LIMITS)  # fmt: skip
+    values = next(m["variables"] for m in outcome.messages if "variables" in m)
+    assert values["codes"][:2] != [0, 0] and values["codes"][2] == 0, values
+    assert "not permitted" in values["denied"], values

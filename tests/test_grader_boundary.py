@@ -126,7 +126,9 @@ ATTACKS = {
         "        end = time.time() + 30\n        while time.time() < end: pass\n"
         "end = time.time() + 30\nwhile time.time() < end: pass\n"
         "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
-        {HAND_TEST: "resource limit"}),
+        # The CPU time is the submission's: once spent, nothing more of it runs.
+        dict.fromkeys([HAND_TEST, TRAIN_TEST, "ch04_q_grad_multiple", "ch04_q_softmax"],
+                      "resource limit")),
     "open_files": ({TRAIN: _answer_with(
         "files = [open('/dev/null') for _ in range(20_000)]\ngot = 0.0")},
         {TRAIN_TEST: "resource limit"}),
@@ -136,16 +138,16 @@ ATTACKS = {
         {TRAIN_TEST: "wrong"}),
 }  # fmt: skip
 
-NAMES = {  # folder name -> what it must be graded under (None: a safe id of its own)
-    '=HYPERLINK("http://x","y")': None,
-    "+1+1": None,
-    "-2": None,
-    "@SUM(A1)": None,
-    "\tTAB": None,
-    'line\nbreak,"other",7': None,
-    "x" * 251: None,
-    "é-normal_name.1": None,
-}
+NAMES = [  # folder names no tool downstream should see as they are
+    '=HYPERLINK("http:x","y")',  # (a folder name holds no slash)
+    "+1+1",
+    "-2",
+    "@SUM(A1)",
+    "\tTAB",
+    'line\nbreak,"other",7',
+    "x" * 251,
+    "é-normal_name.1",
+]
 
 
 def _class(submitted):

@@ -11,7 +11,8 @@ Layers:
    of an allow-list (the system's libraries, the interpreter, its site-packages and the staged
    modules, all read-only; a size-capped ``/tmp`` and ``/dev/shm`` of its own), no network but
    its own loopback, its own process ids, IPC objects and host name, its own user namespace
-   (``nobody`` inside) and no capabilities, even when the grader is root. Whatever a job
+   (``nobody`` inside), no capabilities, even when the grader is root, and a seccomp filter
+   (`seccomp`) that refuses ptrace, mounts, namespaces and keyrings. Whatever a job
    leaves running is killed and its files removed before the next job.
 2. A control group per submission where the grader may make one (as root): at most
    ``processes`` processes and threads and ``memory_mb`` of resident memory for everything the
@@ -42,7 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge_course.grader import cgroup
+from forge_course.grader import cgroup, seccomp
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # The only parts of forge_course a grading worker can import: none holds an answer (the loop
@@ -166,7 +167,9 @@ def _gpu_mounts() -> list[str]:
     return args
 
 
-def _command(stage_dir: Path, mode: str, limits: Limits, capped: bool) -> list[str]:
+def _command(
+    stage_dir: Path, mode: str, limits: Limits, capped: bool, seccomp_fd: int | None = None
+) -> list[str]:
     job_limits = {
         "seconds": limits.seconds,
         "processes": limits.processes if capped or os.geteuid() == 0 else _process_room(limits),
@@ -191,6 +194,8 @@ def _command(stage_dir: Path, mode: str, limits: Limits, capped: bool) -> list[s
     # Its own user namespace, as "nobody" inside and with no capability outside it, even when
     # the grader is root (the interpreter may live where only root can read, as under pyenv).
     command += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL"]
+    if seccomp_fd is not None:  # no ptrace, mounts, namespaces or keyrings (`seccomp`)
+        command += ["--seccomp", str(seccomp_fd)]
     return command + python + [STAGE_IN_SANDBOX, json.dumps(job_limits), "--own-pid-namespace"]
 
 
@@ -261,17 +266,13 @@ class Session:
         """Start a worker and wait until it is ready: a failure here is the machine's, not the
         learner's, so it stops the run with what the sandbox said."""
         home = "/tmp" if self.mode == "bubblewrap" else self._home.name
-        command = _command(self.stage_dir, self.mode, self.limits, bool(self._groups))
-        self.process = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=self._home.name,
-            env=_environment(home),
-            preexec_fn=_start_in(self._groups),
-            text=True,
-        )
+        filter_fd = seccomp.open_program() if self.mode == "bubblewrap" else None
+        command = _command(self.stage_dir, self.mode, self.limits, bool(self._groups), filter_fd)
+        try:
+            self.process = self._popen(command, home, () if filter_fd is None else (filter_fd,))
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._errors: list[str] = []
         threading.Thread(target=self._read, args=(self.process, self._lines), daemon=True).start()
@@ -284,6 +285,19 @@ class Session:
             self._stop()
             said = "".join(self._errors[-20:]).strip() or "nothing"
             raise SandboxError(f"the grading sandbox did not start ({self.mode}); it said: {said}")
+
+    def _popen(self, command: list[str], home: str, fds: tuple) -> subprocess.Popen:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self._home.name,
+            env=_environment(home),
+            preexec_fn=_start_in(self._groups),
+            pass_fds=fds,
+            text=True,
+        )
 
     @staticmethod
     def _read(process: subprocess.Popen, lines: queue.Queue) -> None:
