@@ -157,3 +157,29 @@ def test_the_sandbox_refuses_namespaces_mounts_and_ptrace():
     values = next(m["variables"] for m in outcome.messages if "variables" in m)
     assert values["codes"][:2] != [0, 0] and values["codes"][2] == 0, values
     assert "not permitted" in values["denied"], values
+
+
+@pytest.mark.slow
+def test_a_grader_failure_stays_with_its_submission(grading, monkeypatch):
+    """A crash of the grader's own code on one notebook is that student's `grader error`,
+    recorded in the ledger; the class finishes and grades.csv is written."""
+    real = run.grade_notebook
+
+    def fails_for_bob(assignment, path, *args):
+        if "bob" in str(path):
+            raise KeyError("a bug in the grader")
+        return real(assignment, path, *args)
+
+    monkeypatch.setattr(run, "grade_notebook", fails_for_bob)
+    submitted = grading.parent / "class"
+    for student in ("alice", "bob"):
+        shutil.copytree(EXAMPLES / student, submitted / student)
+    outcomes = run.grade(submitted=submitted, limits=LIMITS, progress=False, unsafe=True)
+    bob = outcomes[("bob", CH)].values()
+    assert {r["status"] for r in bob} == {"grader error"}
+    assert all("KeyError" in r["message"] and "a bug in the grader" in r["message"] for r in bob)
+    assert all(r["status"] == "graded" for r in outcomes[("alice", CH)].values())
+    rows = list(csv.DictReader((grading / "grades.csv").open()))
+    assert {r["student"] for r in rows} == {"alice", "bob"}
+    ledger = run.Ledger(grading / "forge")
+    assert ledger.path(CH, "bob").exists()

@@ -339,7 +339,7 @@ def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs
 
     def one(name: str, assignment_id: str, folder: Path) -> tuple[str, str, dict, Path | None]:
         student = ids[name]
-        path = None
+        path, key = None, None
         try:
             if folder.is_symlink() or folder.parent.is_symlink():
                 raise _Refused("the submission folder is a symbolic link")
@@ -357,9 +357,9 @@ def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs
                 _everything(loaded[assignment_id], "malformed", f"Not graded: {why}."),
             )
         except Exception as err:  # noqa: BLE001  (one submission's failure stays its own)
-            key, message = None, f"The grader failed on this submission: {_what_failed(err)}"
+            message = f"The grader failed on this submission: {_what_failed(err)}"
             results = _everything(loaded[assignment_id], "grader error", message)
-        if key is not None:
+        if key is not None:  # recorded, so a resumed run does not stop on it again
             ledger.write(assignment_id, student, key, results)
         return student, assignment_id, results, path
 
