@@ -21,6 +21,7 @@ from pathlib import Path
 from forge_course.grader import codec, sandbox, tamper
 from forge_course.grader.assignment import Assignment
 from forge_course.grading.core import Mistake, clean_room
+from forge_course.observe.common import Tampered
 
 MAX_NOTEBOOK_BYTES = 8 * 2**20  # a chapter's submission is well under 1 MB
 MAX_CELLS = 2000
@@ -230,6 +231,8 @@ class _Job:
             return self.result("wrong", f"What your code returned is unreadable: {err}")
         try:
             self.exercise.judge(case, observed)
+        except Tampered as tampered:
+            return self.result("tampered", str(tampered))
         except Mistake as mistake:
             return self.result("wrong", str(mistake))
         return None

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from forge_course.grading.core import Exercise, Mistake, grading_seed
+from forge_course.observe.common import Tampered
 from forge_course.observe.ch03 import (
     BAR_HELD,
     BAR_KEY,
@@ -341,7 +342,7 @@ SHARD_MISTAKES = [
 def _prepare_shard(observation, target, case: dict):
     """An answer that lifted the check's bar on DistributedSampler is not graded."""
     if isinstance(observation, dict) and observation.get(BAR_KEY, BAR_HELD) != BAR_HELD:
-        raise Mistake(
+        raise Tampered(
             SHARD_ID,
             "Not graded: your answer tampered with the check's instruments (it replaced "
             "`DistributedSampler.__iter__`, which the check bars while your answer runs). "

@@ -22,6 +22,7 @@ import torch
 
 from forge_course.device import available_devices
 from forge_course.grading.core import Exercise, Mistake, grading_seed
+from forge_course.observe.common import Tampered
 from forge_course.observe.ch06 import (
     EVALUATE,
     INSTRUMENTS,
@@ -47,7 +48,7 @@ def _refuse_tampering(grade_id: str, function: str, label):
             and observation.get(INSTRUMENTS) != target.get(INSTRUMENTS)
         ):
             what = observation.get(INSTRUMENTS)
-            raise Mistake(
+            raise Tampered(
                 grade_id,
                 f"`{function}` tampered with the check's instruments: {what} (case: "
                 f"{label(case)}). The check's model is built from layers that note how they "

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from forge_course.device import tolerance
-from forge_course.observe.common import Mistake, set_guard
+from forge_course.observe.common import INSTRUMENT_TAMPERED, Mistake, Tampered, set_guard
 from forge_course.observe.common import call_answer as call_answer  # re-exported for the checks
 from forge_course.reference.guard import ReferenceCalled, is_reference, learner_code
 
@@ -322,6 +322,10 @@ class Exercise:
     def judge(self, case: dict, got: Observation) -> None:
         """Raise a `Mistake` unless ``got``, observed on ``case``, matches the reference."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+        if isinstance(got, dict):
+            for key, value in got.items():
+                if isinstance(value, str) and value == INSTRUMENT_TAMPERED:
+                    raise Tampered(self.grade_id, f"Not graded: {key} was {value}.")
         want = self.expected(case)
         prepare = self.prepare or (lambda observation, target, case: observation)
         got = prepare(got, want, case)

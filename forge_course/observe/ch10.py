@@ -14,12 +14,12 @@ import warnings
 import torch
 from torch import nn
 
-from forge_course.observe.common import Mistake, call_answer
+from forge_course.observe.common import INSTRUMENT_TAMPERED, Mistake, call_answer
 
 ACCUMULATE, AMP, CHECKPOINTED = (
     "ch10_accumulate_step", "ch10_amp_step", "ch10_checkpointed_forward",
 )  # fmt: skip
-TAMPERED = "changed by the answer: the check's instrument is not where it put it"
+TAMPERED = INSTRUMENT_TAMPERED
 
 
 def _parameters(model: nn.Module) -> dict[str, torch.Tensor]:

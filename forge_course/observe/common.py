@@ -21,6 +21,13 @@ class Mistake(AssertionError):
         super().__init__(f"[{grade_id}] {message}")
 
 
+class Tampered(Mistake):
+    """The answer switched off or rewrote one of the check's instruments: not graded."""
+
+
+# What an observer reports where it found its instrument changed by the answer.
+INSTRUMENT_TAMPERED = "changed by the answer: the check's instrument is not where it put it"
+
 _guard: Callable[[Callable], AbstractContextManager] = lambda fn: nullcontext()
 _translate: Callable[[BaseException], str | None] = lambda err: None
 
