@@ -171,6 +171,13 @@ def _class(submitted):
             cell["source"] = {"not": "text"}
     (submitted / "odd_source" / CH).mkdir(parents=True)
     (submitted / "odd_source" / CH / f"{CH}.ipynb").write_text(json.dumps(nb))
+    # An extra cell claiming a test's id, to replace the test's text in the autograded copy.
+    path = submit(submitted, "forged_test_cell", {TRAIN: WRONG})
+    nb = nbformat.read(path, as_version=4)
+    forged = nbformat.v4.new_code_cell("print('all tests passed')")
+    forged.metadata["nbgrader"] = {"grade_id": TRAIN_TEST, "solution": True, "grade": False}
+    nb.cells.append(forged)
+    nbformat.write(nb, path)
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +208,15 @@ def test_every_attack_scores_zero_with_its_status_and_the_rest_is_graded(graded)
     assert not problems, "\n".join(problems)
 
 
+def test_the_autograded_copy_keeps_every_test_cell_of_the_instructor(graded):
+    grading, outcomes = graded
+    assert _by_folder(outcomes)["forged_test_cell"][TRAIN_TEST]["status"] == "wrong"
+    copy = grading / "autograded" / "forged_test_cell" / CH / f"{CH}.ipynb"
+    cells = [c for c in nbformat.read(copy, as_version=4).cells
+             if c.metadata.get("nbgrader", {}).get("grade_id") == TRAIN_TEST]  # fmt: skip
+    assert len(cells) == 1 and "check_train_step" in cells[0].source
+
+
 def test_links_and_unreadable_cells_are_refused_and_named(graded):
     _, outcomes = graded
     results = _by_folder(outcomes)
@@ -213,7 +229,7 @@ def test_links_and_unreadable_cells_are_refused_and_named(graded):
 def test_every_student_once_under_a_safe_id_and_no_cell_is_a_formula(graded):
     grading, outcomes = graded
     students = [s for s, _ in outcomes]
-    assert len(students) == len(set(students)) == len(ATTACKS) + len(NAMES) + 6
+    assert len(students) == len(set(students)) == len(ATTACKS) + len(NAMES) + 7
     for student in students:
         assert len(student) <= 64 and student[0] not in "-.=+@" and "\n" not in student
     for name in NAMES:
