@@ -185,10 +185,10 @@ def _command(
     if mode != "bubblewrap":
         return _unsafe(python + [str(stage_dir), json.dumps(job_limits)], mode)
     size = str(limits.disk_mb * 2**20)
-    command = ["bwrap", *_system_mounts(), *_python_mounts()]
+    # /tmp first: the interpreter may live below it (a clone in /tmp), bound over the tmpfs.
+    command = ["bwrap", "--size", size, "--tmpfs", "/tmp", *_system_mounts(), *_python_mounts()]
     command += ["--ro-bind", str(stage_dir), STAGE_IN_SANDBOX, "--ro-bind", "/sys", "/sys"]
     command += ["--proc", "/proc", "--dev", "/dev", *_gpu_mounts()]  # GPU nodes after /dev
-    command += ["--size", size, "--tmpfs", "/tmp"]
     command += ["--size", size, "--tmpfs", "/dev/shm", "--chdir", "/tmp"]
     command += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
     # Its own user namespace, as "nobody" inside and with no capability outside it, even when

@@ -306,10 +306,13 @@ def _kill_leftovers(own_pid_namespace: bool) -> None:
                 os.kill(int(entry), signal.SIGKILL)
 
 
-def _clear(folder: str) -> None:
-    """Empty a folder the jobs could write to, so the next job finds nothing of this one."""
+def _clear(folder: str, keep: frozenset = frozenset()) -> None:
+    """Empty a folder the jobs could write to, so the next job finds nothing of this one (but
+    for ``keep``: what was there before any job, such as a read-only interpreter below /tmp)."""
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
+            if entry.name in keep:
+                continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
@@ -334,6 +337,7 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
     import forge_course.observe.common  # noqa: F401
 
     scratch = tempfile.gettempdir()
+    before = frozenset(os.listdir(scratch))
     watch = Watch(limits, scratch, own_pid_namespace)
     reply.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
@@ -354,7 +358,7 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
             _child(job, write_fd, reply.fileno(), limits, workdir)
         os.close(write_fd)
         output, code, over = _reap(pid, read_fd, watch)
-        _clear(scratch)
+        _clear(scratch, before)
         if own_pid_namespace:  # the sandbox's own /dev/shm (elsewhere it is the machine's)
             _clear("/dev/shm")
         answer = {"id": job["id"], "output": output, "exit": code, "limit": over}
