@@ -43,10 +43,15 @@ def add_cells(path: Path, first: str | None = None, last: str | None = None) -> 
 # (`--dist worksteal`), so neither worker ends with a long test while the other idles.
 COSTS = {
     "test_grader_class.py::test_a_class_of_100": 180,
+    "test_grader_boundary.py": 120,
     "test_autograde.py": 110,
+    "test_grader_determinism.py": 90,
+    "test_grader_instruments.py": 50,
     "test_grader_class.py::test_tamper_suite": 75,
     "test_grader.py::test_shipped_examples": 55,
     "test_browser.py": 25,
+    "test_grading_ch11.py": 20,
+    "test_observe_boundary.py::test_a_worker": 15,
     "test_notebooks.py": 15,
     "test_cli.py::test_check_on_a_fresh_release": 15,
     "test_grader_class.py": 12,

@@ -99,7 +99,7 @@ TAMPERING = {
     "forged_then_wrong": ({TRAIN: "import json, os\n\ndef train_step(*args):\n"
         "    line = json.dumps({'case': 1, 'observation': 0.0}) + '\\n'\n"
         "    for fd in range(3, 12):\n        try:\n            os.write(fd, line.encode())\n"
-        "        except OSError:\n            pass\n    return 0.0\n"}, "wrong"),
+        "        except OSError:\n            pass\n    return 0.0\n"}, "tampered"),
     "fork_bomb": ({TRAIN: "import os\nspawn = getattr(os, 'fo' + 'rk')\n\n"
         "def train_step(*args):\n    while True:\n        spawn()\n"}, "resource limit"),
     "memory_bomb": ({TRAIN: "def train_step(*args):\n    hoard = []\n    while True:\n"
