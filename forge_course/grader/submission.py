@@ -283,7 +283,7 @@ def _question_values(assignment, answer, names, box, seed) -> tuple[str, str, di
 
 
 def _names_used(source: str) -> set[str]:
-    return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    return {n.id for n in ast.walk(tamper.parse(source)) if isinstance(n, ast.Name)}
 
 
 def _grade_questions(assignment, answers, box, seed) -> dict[str, CellResult]:

@@ -9,6 +9,17 @@ are spelled, and the grader checks every line the worker sends.
 from __future__ import annotations
 
 import ast
+import threading
+
+# CPython 3.11's parser is not safe to call from several threads at once ("AST constructor
+# recursion depth mismatch"), and the grader parses answers in its worker threads.
+_PARSING = threading.Lock()
+
+
+def parse(source: str) -> ast.AST:
+    with _PARSING:
+        return ast.parse(source)
+
 
 # Module roots whose attributes an answer may read but never assign.
 PROTECTED_MODULES = {
@@ -98,7 +109,7 @@ def _patches(target: ast.AST, protected: set[str]) -> str | None:
 def findings(source: str) -> list[str]:
     """Reasons this cell may not be graded, in source order; empty when nothing was found."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError:
         return []  # running it reports the syntax error as the learner's mistake
     found: list[str] = []
