@@ -79,7 +79,7 @@ class Limits:
     file_mb: int = 64  # largest file one process may write
     disk_mb: int = 256  # bytes in the sandbox's /tmp and /dev/shm, together with its files
     files: int = 10_000  # files and folders in the sandbox's /tmp at once
-    open_files: int = 256  # file descriptors per process
+    open_files: int = 1024  # file descriptors per process (DataLoader workers pass tensors as fds)
     startup_seconds: float = 120.0  # the worker's own imports, not charged to the learner
 
 
