@@ -4,8 +4,9 @@
 # "Train for 3 epochs with batch size 32" fixes, before a single line runs, how many batches
 # the model sees, how many times the optimizer updates it, and how many examples pass through
 # it. Learning-rate schedules, logs and checkpoints are set up in those units, so the counts
-# have to be right. A wrong count never raises an error: a schedule ends early, a plot's x-axis
-# means something else, a few examples' gradients land in the wrong update.
+# have to be right. A wrong count almost never raises an error (the one that does, a scheduler
+# stepped past its end, is below): a schedule ends early, a plot's x-axis means something else,
+# a few examples' gradients land in the wrong update.
 #
 # This chapter names each term, counts one running example by hand, checks every count
 # against a real `DataLoader`, and then finds the place where the usual gradient-accumulation
@@ -174,22 +175,37 @@ for shuffle in (False, True):
 
 # %% [markdown]
 # Why would anyone throw examples away? Mostly because some code cannot cope with a small last
-# batch. `BatchNorm` in training mode normalises each feature with the batch's own mean and
-# variance, and a batch of one example has no variance. With $N = 33$ and $B = 16$ the last
-# batch holds exactly one example:
+# batch. `BatchNorm` in training mode normalises each channel with the mean and variance of all
+# the values that channel has in the batch. For `BatchNorm1d` on feature vectors, shape
+# `[batch, features]`, that is one value per example, so a batch of one example has one value
+# per channel and no variance. With $N = 33$ and $B = 16$ the last batch holds exactly one
+# example:
 
 # %%
 batchnorm = torch.nn.BatchNorm1d(2)  # a new module is in training mode
 features = torch.randn(33, 2, generator=torch.Generator().manual_seed(SEED))
+raised = {}
 for drop_last in (False, True):
     try:
         for batch in DataLoader(features, batch_size=16, drop_last=drop_last):
             batchnorm(batch)
+        raised[drop_last] = False
         print(f"drop_last={drop_last}: every batch went through")
     except ValueError as err:
+        raised[drop_last] = True
         print(f"drop_last={drop_last}: the batch of {len(batch)} raised ValueError: {err}")
+assert raised == {False: True, True: False}
+
+# An image has one value per pixel in each channel, so a batch of one image has 16 here.
+one_image = torch.randn(1, 2, 4, 4, generator=torch.Generator().manual_seed(SEED))
+normalised = torch.nn.BatchNorm2d(2)(one_image)
+print(f"BatchNorm2d, a batch of one 4×4 image: went through, output shape {list(normalised.shape)}")
 
 # %% [markdown]
+# So the error is specific to one value per channel (feature vectors, or images of 1×1
+# pixel). A batch of one image passes, but its statistics come from a single example, so a
+# tiny last batch still normalises differently from the others.
+#
 # The other reasons are softer: a last batch of 4 gives a noisier gradient than one of 16, yet
 # the update applies it with the same learning rate; and some code (a compiled graph, a model
 # that reshapes by batch size) expects every batch to have the same shape. For evaluation,
@@ -566,7 +582,9 @@ print(f"distance between the two updated models {apart_norm:.5f}; "
 # gives the short last group a smaller gradient than a full one (here 3 micro-batches count
 # 3/4), and a micro-batch of 4 examples the same weight as one of 16. Chapter 10 weights each
 # micro-batch by its share of the group's examples, so that every update equals one big batch
-# exactly.
+# exactly, for models whose output for an example depends on that example alone. A `BatchNorm`
+# layer in training mode breaks that: it normalises with each micro-batch's own statistics, so
+# no weighting makes the accumulated gradient the big batch's (chapter 10 measures the gap).
 
 # %% [markdown]
 # ## Exercise 2 · `ch00_update_schedule`: one epoch, micro-batch by micro-batch
@@ -836,8 +854,8 @@ check_choice(
 #   not $N \bmod B$ when $B$ divides $N$. Without the ceiling, the partial batch is lost from
 #   the count.
 # * `drop_last=True` makes $\lfloor N/B \rfloor$ iterations; the dropped examples differ per
-#   epoch only if the loader shuffles. Without it, a `BatchNorm` model can fail on a last batch
-#   of one example.
+#   epoch only if the loader shuffles. Without it, a `BatchNorm1d` on feature vectors raises
+#   on a last batch of one example (one value per channel); a batch of one image passes.
 # * With accumulation, one update sees the effective batch $B \cdot K$; an epoch makes
 #   $\lceil I/K \rceil = \lceil N/(BK) \rceil$ updates, but only if the loop also steps on the
 #   last group. Without `or i + 1 == len(loader)`, that group's gradients leak into the next

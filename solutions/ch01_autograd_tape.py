@@ -143,7 +143,9 @@ del big
 # $$y = w \cdot x, \qquad z = y + x, \qquad L = z^2 .$$
 #
 # Each result carries `grad_fn`, the node that will compute its gradient in the backward pass.
-# Tensors you created yourself are **leaves**: they have no `grad_fn`.
+# Tensors you created yourself are **leaves**: they have no `grad_fn`. So is every tensor that
+# does not require grad, even the result of an operation: nothing was recorded for it, so
+# backward has nowhere to go past it.
 
 # %%
 x = torch.tensor(2.0, requires_grad=True, device=device)
@@ -155,12 +157,19 @@ for name, t in {"x": x, "w": w, "y": y, "z": z, "L": L}.items():
     print(
         f"{name}: value {t.item():4}  requires_grad={t.requires_grad}  is_leaf={t.is_leaf!s:5}  grad_fn={t.grad_fn}"
     )
+doubled = torch.tensor(2.0, device=device) * 3  # an operation's result that needs no gradient
+print(f"2 * 3 without requires_grad: is_leaf={doubled.is_leaf}, grad_fn={doubled.grad_fn}")
+assert doubled.is_leaf and x.is_leaf and not y.is_leaf
 
 # %% [markdown]
-# Each node points to the nodes of its inputs through `next_functions`: a tuple with one
-# `(node, input_number)` pair per input, in the order the operation received them. Following
-# them from `L.grad_fn` walks the whole recording. A leaf shows up as an `AccumulateGrad` node,
-# whose `.variable` is the leaf itself: it is where backward will add the leaf's gradient.
+# Each node points to the nodes that made its inputs through `next_functions`: a tuple with one
+# `(node, output_number)` pair per input, in the order the operation received them. `node`
+# produced that input (`None` if the input needs no gradient), and `output_number` says
+# **which of that node's outputs** it was. It is not the input's position: every operation
+# below has one output, so every number printed is 0, `AddBackward0`'s second input included.
+# Following the pairs from `L.grad_fn` walks the whole recording. A leaf shows up as an
+# `AccumulateGrad` node, whose `.variable` is the leaf itself: it is where backward will add
+# the leaf's gradient.
 
 # %%
 pow_node = L.grad_fn
@@ -173,6 +182,22 @@ print("MulBackward0.next_functions", mul_node.next_functions)
 x_node = add_node.next_functions[1][0]
 print("AddBackward0's 2nd input is x's AccumulateGrad:", x_node.variable is x)
 print("MulBackward0 reaches the same node again:      ", mul_node.next_functions[1][0] is x_node)
+
+# %% [markdown]
+# The number matters for an operation with several outputs. `unbind` splits a tensor into its
+# elements with one node, `UnbindBackward0`, that makes them all. Multiply the second element
+# by the first, and the product's first input is output **1** of that node, its second input
+# output **0**: backward uses the number to know which slice of the split tensor's gradient
+# each incoming gradient fills.
+
+# %%
+pair = torch.tensor([1.0, 2.0], device=device, requires_grad=True)
+first, second = pair.unbind()
+product = second * first
+print("MulBackward0.next_functions", product.grad_fn.next_functions)
+assert [number for _, number in product.grad_fn.next_functions] == [1, 0]
+product.backward()
+print(f"pair.grad = {pair.grad.tolist()}: d(second·first)/d first = second, and the reverse")
 
 # %% [markdown]
 # $x$ is reached twice, once through $y$ and once directly from $z$, but it has **one**
@@ -265,8 +290,8 @@ assert v.grad.tolist() == [2.0, 2.0]
 # 3. skip `None` entries (an input that needs no gradient, such as the constant in `x * 2`),
 #    and skip a node that is already in the list (the *node*, not its name: two products are
 #    two different `MulBackward0` nodes);
-# 4. return `[]` when `tensor.grad_fn` is `None` (a leaf, or a result computed under
-#    `torch.no_grad()`).
+# 4. return `[]` when `tensor.grad_fn` is `None`: a leaf, which is a tensor you created or
+#    any result that needs no gradient, such as one computed under `torch.no_grad()`.
 #
 # For the running example, `graph_nodes(L)` is
 # `['PowBackward0', 'AddBackward0', 'MulBackward0', 'AccumulateGrad', 'AccumulateGrad']`:
@@ -456,7 +481,7 @@ for x_value, repeats in [(1.5, 0), (-1.0, 0), (1.5, 2)]:
 #
 # A common claim is that `torch.no_grad()` inside a forward "still builds a graph node" that
 # backward then skips. It does not: inside the block no node is created at all. The result has
-# `requires_grad=False` and `grad_fn=None`; to autograd it is a constant. Anything computed
+# `requires_grad=False` and `grad_fn=None`: to autograd it is a constant, a leaf. Anything computed
 # from it later starts a new recording that cannot reach back past it.
 
 # %%
@@ -986,7 +1011,7 @@ check_choice(
 # loss.backward()                            # one number (else v.backward(g)); ADDS into .grad; frees the graph
 # optimizer.zero_grad()                      # (x.grad = None) without it: the next backward adds to the last
 # loss.backward(retain_graph=True)           # only for two backwards over one forward; a carried value wants detach()
-# loss.grad_fn.next_functions                # the recorded DAG: (node, input) pairs, None, AccumulateGrad
+# loss.grad_fn.next_functions                # the recorded DAG: (node that made the input, which of its outputs), None, AccumulateGrad
 # with torch.no_grad(): ...                  # nothing is recorded (grad_fn is None): the path is cut
 # y.detach(); y.item()                       # not y.data: its in-place changes go unseen, gradients silently wrong
 # s = s * 2                                  # not s.mul_(2) on a saved tensor: "is at version 1; expected version 0"

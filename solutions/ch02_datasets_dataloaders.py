@@ -227,11 +227,12 @@ print(f"{real} real tokens and {batch['attention_mask'].numel() - real} padding 
 # | `drop_last` | `False` | drop the last batch if it is short | a layer misbehaves on tiny batches (BatchNorm), or every batch must have one shape |
 # | `collate_fn` | `default_collate` | turns a list of items into one batch | items of unequal shapes (padding) |
 # | `num_workers` | 0 | processes that load batches in parallel; 0 loads in the main process | loading takes real time per item: measure first |
-# | `worker_init_fn` | `None` | runs once in each worker as it starts | per-worker set-up, such as seeding |
+# | `worker_init_fn` | `None` | runs once in each worker as it starts (every epoch, or once with `persistent_workers`) | per-worker set-up, such as seeding |
 # | `generator` | `None` | the random generator of the shuffle and of the workers' seeds | reproducible runs |
 # | `prefetch_factor` | 2 with workers | batches requested from each worker ahead of the model | loading time varies from batch to batch |
 # | `persistent_workers` | `False` | keep workers alive between epochs | worker start-up is slow |
 # | `pin_memory` | `False` | put batches in page-locked memory | training on a CUDA GPU |
+# | `in_order` | `True` | hand batches over in the sampler's order (torch 2.6 and later) | `False`: a slow batch does not hold up the others |
 #
 # `prefetch_factor` and `persistent_workers` only mean something with workers: setting them
 # with `num_workers=0` raises a `ValueError`.
@@ -281,7 +282,9 @@ print("Every count worked out by hand agrees with the DataLoader.")
 # * set `drop_last` and watch the hatched row of unseen examples appear (4 of them at the
 #   defaults);
 # * change `num_workers`: batch $k$ goes to worker $k \bmod$ `num_workers`, in turn, whatever
-#   the workers' speed;
+#   the workers' speed (with the default `in_order=True`; with `in_order=False`, torch 2.6 and
+#   later, a batch goes to a worker with room in its queue, and batches are handed over as
+#   they are finished, so a slow worker's batch comes later and the fast worker takes on more);
 # * change `epoch` with `shuffle` on: every epoch draws a new order;
 # * read the notes on the right: with workers, the first `num_workers × prefetch_factor`
 #   batches are requested as soon as the epoch starts, and each later one while an earlier batch
@@ -563,11 +566,14 @@ else:
 # numbers, and batches built by different workers get the same "random" augmentation.
 #
 # This was a famous bug for NumPy's global generator (`np.random.rand()` and friends). Since
-# PyTorch 1.9 the DataLoader reseeds, in every worker, torch's generator, Python's `random` and
-# NumPy's global generator, each from `base_seed + worker_id`, where `base_seed` is drawn from
-# the loader's `generator` once per epoch. But it cannot reseed a generator **object** your
-# dataset owns, such as the `np.random.default_rng(seed)` that NumPy recommends for new code, or
-# a `random.Random(seed)`.
+# PyTorch 1.9 the DataLoader reseeds, in every worker, torch's generator and Python's `random`
+# from `base_seed + worker_id`, and NumPy's global generator from a mix of the two numbers
+# (`_generate_state(base_seed, worker_id)`, a hash in the style of NumPy's `SeedSequence`, so
+# that neighbouring workers do not get neighbouring NumPy seeds). `base_seed` is drawn from the
+# loader's `generator` each time the loader starts its workers: every epoch, or only once with
+# `persistent_workers=True`. But the loader cannot reseed a generator **object** your dataset
+# owns, such as the `np.random.default_rng(seed)` that NumPy recommends for new code, or a
+# `random.Random(seed)`.
 #
 # `RandomDraws` stands in for a dataset with random augmentation: each item reports the two
 # numbers its augmentation would draw, one from NumPy and one from Python. With
@@ -621,9 +627,9 @@ for source in ("global", "own"):
 # 3. another generator seed, or the next epoch, draws new numbers in every worker.
 #
 # Inside a worker, `get_worker_info()` returns an object with `.id`, `.num_workers`, `.seed`
-# (this worker's seed, `base_seed + worker_id`: different for every worker and every epoch,
-# and set by the loader's `generator`; `torch.initial_seed()` returns the same number) and
-# `.dataset` (this worker's copy of the dataset). The check runs your function in 2 real
+# (this worker's seed, `base_seed + worker_id`: different for every worker, set by the loader's
+# `generator`, and new each time workers start; `torch.initial_seed()` returns the same number)
+# and `.dataset` (this worker's copy of the dataset). The check runs your function in 2 real
 # worker processes (3 in the hidden tests), three loaders per case.
 
 
@@ -694,10 +700,62 @@ plt.show()
 # * Without a `generator`, the DataLoader draws `base_seed` from torch's global generator, so
 #   `torch.manual_seed(...)` before building the iterator also makes the workers reproducible.
 # * The popular fix `np.random.seed(42 + worker_id)` is now worse than nothing for the global
-#   generator: it replaces a seed that changed every epoch and followed your `generator` with one
-#   that repeats every epoch and ignores it.
+#   generator: it replaces a seed that followed your `generator` with a fixed one that ignores
+#   it, and without persistent workers every epoch repeats the first epoch's draws.
 # * `np.random.seed` only takes seeds below $2^{32}$, and `info.seed` almost always is larger; use
 #   `np.random.default_rng(info.seed)`, which takes any size.
+#
+# ### Seeds when workers persist
+#
+# The summary below keeps workers alive between epochs (`persistent_workers=True`). Then the
+# workers start once, so `base_seed` is drawn once and `worker_init_fn` runs once per worker
+# for the loader's whole life: `get_worker_info().seed` stays the same in every epoch, and the
+# generators seeded in `worker_init_fn` simply go on drawing. The next cell loads `RandomDraws`
+# with `seed_worker` for two epochs, both ways. Each item also reports the seed of the worker
+# that drew it, so the main process can seed its own generator the same way and check where
+# each epoch's draws come from.
+
+
+# %%
+def two_epochs(persistent):
+    """For each of two epochs: worker -> (the seed it reports, its NumPy draws in order)."""
+    loader = DataLoader(RandomDraws(8, seed=SEED), batch_size=2, num_workers=NUM_WORKERS,
+                        worker_init_fn=seed_worker, persistent_workers=persistent,
+                        generator=torch.Generator().manual_seed(SEED))  # fmt: skip
+    epochs = []
+    for _ in range(2):
+        by_worker = {}
+        for batch in loader:
+            for w, seed, draw in zip(batch["worker"].tolist(), batch["seed"].tolist(),
+                                     batch["numpy"].tolist()):  # fmt: skip
+                by_worker.setdefault(w, (seed, []))[1].append(draw)
+        epochs.append(by_worker)
+    del loader  # shuts persistent workers down
+    return epochs
+
+
+for persistent in (False, True):
+    first, second = two_epochs(persistent)
+    for w in sorted(first):
+        (seed_1, draws_1), (seed_2, draws_2) = first[w], second[w]
+        stream = np.random.default_rng(seed_1).random(len(draws_1) + len(draws_2)).tolist()
+        assert draws_1 == stream[: len(draws_1)]  # seed_worker seeded from the reported seed
+        if persistent:  # one seed; epoch 2 goes on with the stream worker_init_fn started
+            assert seed_2 == seed_1 and draws_2 == stream[len(draws_1) :]
+            where = f"draws {len(draws_1) + 1}-{len(stream)} of the stream seeded in epoch 1"
+        else:  # new workers, a new seed, worker_init_fn run again
+            assert seed_2 != seed_1
+            assert draws_2 == np.random.default_rng(seed_2).random(len(draws_2)).tolist()
+            where = "a fresh stream from the new seed"
+        print(f"persistent_workers={persistent!s:5} worker {w}: seed ...{seed_1 % 10**6:06d} in "
+              f"epoch 1, ...{seed_2 % 10**6:06d} in epoch 2; epoch 2 drew {where}")  # fmt: skip
+
+# %% [markdown]
+# `seed_worker` stays right with persistent workers: every epoch draws new numbers, and the
+# loader's seed repeats them all. Two things do change. Anything a `worker_init_fn` was meant
+# to do at the start of every epoch happens only once. And what a worker draws in epoch $k$
+# depends on every epoch before it in that worker: a run resumed at epoch $k$ starts new
+# workers from a new seed, and draws other numbers than the run that never stopped.
 
 # %% [markdown]
 # ## Check your understanding
@@ -806,7 +864,7 @@ check_choice(
 #     drop_last=False,                     # True: 6 batches, 4 examples unseen per epoch
 #     collate_fn=pad_collate,              # without it: ragged items cannot be stacked
 #     num_workers=2,                       # helps only if loading is slow: measure; batch k → worker k mod 2
-#     persistent_workers=True,             # without it: every epoch waits for new workers
+#     persistent_workers=True,             # without it: every epoch waits for new workers; with it: one seed per worker, for good
 #     prefetch_factor=2,                   # num_workers × prefetch_factor batches requested ahead
 #     pin_memory=device.type == "cuda",    # only matters for copies to a CUDA GPU
 #     worker_init_fn=seed_worker,          # without it: workers repeat the dataset's own generators
@@ -816,12 +874,14 @@ check_choice(
 #
 # * A map-style dataset answers `len` and `dataset[i]`; the DataLoader's sampler picks the
 #   order. An iterable dataset streams, and must split its stream between workers itself.
-# * Batches: $\lceil N/B \rceil$ of them, the last of $N - B\lfloor N/B \rfloor$; `drop_last`
-#   leaves those examples out of the epoch.
+# * Batches: $\lceil N/B \rceil$ of them, the last of $N - B(\lceil N/B \rceil - 1)$ (a full $B$
+#   when $B$ divides $N$, not $N \bmod B = 0$); `drop_last` leaves a short last batch out of
+#   the epoch.
 # * Workers take over `__getitem__` and `collate_fn`; they cost start-up and transfer time, so
 #   in-memory data rarely needs them. Measure an epoch of the loader alone before choosing.
 # * Each worker copies the dataset, generators included: reseed generators the dataset owns in a
-#   `worker_init_fn`, from `get_worker_info().seed`.
+#   `worker_init_fn`, from `get_worker_info().seed`. It runs each time workers start: every
+#   epoch, or once for the loader's life with `persistent_workers=True`.
 #
 # Next, chapter 03 opens the sampler and the collate function: weighted and distributed
 # samplers, padding with attention masks, and batches bucketed by length.

@@ -136,6 +136,43 @@ print("DataLoader(shuffle=True, generator=g) uses g:",
       DataLoader(dataset, shuffle=True, generator=g).sampler.generator is g)  # fmt: skip
 
 # %% [markdown]
+# "Everything else that drew random numbers" includes other DataLoaders, even ones that never
+# shuffle. Each `iter(loader)`, that is each epoch's `for batch in loader`, draws a seed for
+# the workers from the loader's `generator`, or without one from the global generator, and it
+# does so with `shuffle=False` and with no workers at all. The next cell trains on a shuffled
+# loader for two epochs without a generator of its own, once as it is and once with a pass
+# over an evaluation loader (`shuffle=False`, no workers) after the first epoch.
+
+
+# %%
+def two_epoch_orders(evaluate_between, eval_generator=None):
+    torch.manual_seed(SEED)
+    train_loader = DataLoader(range(10), batch_size=10, shuffle=True)  # no generator of its own
+    eval_loader = DataLoader(range(4), batch_size=2, generator=eval_generator)  # never shuffles
+    orders = []
+    for _ in range(2):
+        orders.append(next(iter(train_loader)).tolist())
+        if evaluate_between:
+            for _batch in eval_loader:
+                pass
+    return orders
+
+
+plain = two_epoch_orders(evaluate_between=False)
+evaluated = two_epoch_orders(evaluate_between=True)
+shielded = two_epoch_orders(evaluate_between=True, eval_generator=torch.Generator())
+print(f"epoch 2 order, no evaluation:                     {plain[1]}")
+print(f"epoch 2 order, evaluation in between:             {evaluated[1]}")
+print(f"epoch 2 order, evaluation loader has a generator: {shielded[1]}")
+assert plain[0] == evaluated[0] and plain[1] != evaluated[1] and shielded == plain
+
+# %% [markdown]
+# Adding an evaluation pass changed the training order of every later epoch. The fix is the
+# one above: a generator of its own for the training loader makes its order independent of
+# anything else. The evaluation loader still takes one number from the global generator per
+# pass, which moves whatever else draws from it (dropout masks, a layer built later), unless
+# it has a generator of its own too, as in the third line.
+#
 # A generator advances as it is used, so resuming a run in the middle needs its state saved
 # (chapter 09). `DistributedSampler` takes another route, below: it reseeds from `seed + epoch`
 # every epoch.
@@ -788,7 +825,8 @@ print(f"bucketing: {positions['random'] / positions['bucketed']:.2f}× fewer pos
 # over the epochs? Set `set_epoch_answer` to one letter.
 #
 # * **a**: the `DataLoader` raises an error when the second epoch starts.
-# * **b**: every rank reads the same examples in the same order every epoch.
+# * **b**: each rank reads its own share of the examples, in an order that is shuffled once and
+#   then repeated: every epoch is the same as the first.
 # * **c**: each rank reshuffles on its own every epoch, so ranks overlap and some examples
 #   are skipped.
 # * **d**: nothing is shuffled: every rank reads its indices in increasing order.
@@ -903,7 +941,8 @@ check_number(
 # ```
 #
 # * `RandomSampler` draws one permutation per epoch; a generator of its own makes the order
-#   reproducible.
+#   reproducible. Without one, every `iter()` of any DataLoader, unshuffled and without workers
+#   included, draws from the global generator and moves the training order.
 # * Inverse-frequency weights make each class equally likely per draw: every cat 9 times as
 #   likely as every dog, batches half cats, and about 516 dogs left out of each epoch.
 # * `DistributedSampler` pads by wrapping around (N=10 on 3 ranks: rank 1 reads

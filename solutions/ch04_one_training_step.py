@@ -60,9 +60,11 @@ print("Running on", describe(device))
 # | 4 | `loss.backward()` | walks the graph backwards, **adds** each gradient into `.grad`, frees the graph | `step()` finds no gradients, or last step's |
 # | 5 | `optimizer.step()` | moves each parameter against its `.grad` | the model never changes |
 #
-# A learning-rate scheduler, if there is one, steps after the optimizer. Not one of these lines
-# raises an error when it is missing or misplaced; the rest of this chapter shows what each
-# mistake looks like instead.
+# A learning-rate scheduler, if there is one, steps after the optimizer. Leave out the forward
+# or the loss and the script stops: there is nothing to call `backward()` on, or not one number
+# (`RuntimeError: grad can be implicitly created only for scalar outputs`). Leave out or
+# misplace `zero_grad()`, `backward()` or `step()` and nothing raises an error at all; the rest
+# of this chapter shows what each of those mistakes looks like instead.
 
 # %% [markdown]
 # ## One step by hand
@@ -176,8 +178,8 @@ ch04.check_hand_step(hand_step, thorough=True)
 #
 # Move the **stage** slider to watch the iteration fill in, one operation at a time: new tensors
 # are orange, tensors already known are blue, tensors not computed yet are grey. Move **lr** to
-# see the update grow with the learning rate; past about 0.5 the step overshoots and the loss
-# after it is *higher*.
+# see the update grow with the learning rate; past 1/3 the step overshoots and the loss after
+# it is *higher* (the cell after the simulation shows why it is exactly 1/3 here).
 #
 # *Without a widget front end this cell shows the forward, backward and check stages as one
 # still picture: rows of labelled boxes holding the numbers worked out above.*
@@ -186,6 +188,28 @@ ch04.check_hand_step(hand_step, thorough=True)
 from forge_course.sims.step_through import step_through_view
 
 step_through_view(W=[[0.5, -0.3], [0.2, 0.8]], b=[0.0, 0.0], x=[1.0, 2.0], t=[1.0, 0.0], lr=LR)
+
+# %% [markdown]
+# **Why 1/3.** A step moves weight $W_{ij}$ by $-\text{lr} \cdot \partial L/\partial y_i \cdot
+# x_j$ and bias $b_i$ by $-\text{lr} \cdot \partial L/\partial y_i$, so output $y_i$ moves by
+# $-\text{lr} \cdot \partial L/\partial y_i \cdot (\lVert x \rVert^2 + 1)$. Here
+# $\partial L/\partial y_i = y_i - t_i$ and $\lVert x \rVert^2 + 1 = 1 + 4 + 1 = 6$: every error
+# $y_i - t_i$ is multiplied by $1 - 6\,\text{lr}$, and the loss by $(1 - 6\,\text{lr})^2$. The
+# loss after the step is lower while $|1 - 6\,\text{lr}| < 1$, that is for $0 < \text{lr} < 1/3$;
+# at $\text{lr} = 1/6$ the step lands exactly on the target. The course's reference step agrees:
+
+# %%
+from forge_course.reference.step import evaluate_linear
+from forge_course.reference.step import hand_step as reference_step
+
+for step_lr in (0.1, 1 / 6, 1 / 3, 0.4):
+    stepped = reference_step([[0.5, -0.3], [0.2, 0.8]], [0.0, 0.0], [1.0, 2.0], [1.0, 0.0], step_lr)
+    _, loss_after = evaluate_linear(stepped["W_new"], stepped["b_new"], [1.0, 2.0], [1.0, 0.0])
+    predicted = 2.225 * (1 - 6 * step_lr) ** 2
+    assert abs(loss_after - predicted) < 1e-12
+    print(
+        f"lr = {step_lr:.4f}: loss 2.225 → {loss_after:.4f}; 2.225 × (1 − 6·lr)² = {predicted:.4f}"
+    )
 
 # %% [markdown]
 # ## `.grad` adds up
@@ -204,6 +228,48 @@ for call in range(1, 4):
 # Summing is what makes gradient accumulation possible (chapter 10), and it is why the loop
 # clears gradients first. With the default `set_to_none=True`, `zero_grad()` sets `.grad` to
 # `None`, and the next `backward()` writes a fresh tensor instead of adding.
+#
+# `None` and a tensor of zeros are not the same to an optimizer, though. `step()` skips a
+# parameter whose `.grad` is `None`; a parameter whose `.grad` holds zeros is updated with a
+# zero gradient, and an optimizer with state still moves it: SGD with momentum by its velocity,
+# AdamW by its running averages and its weight decay. That matters whenever a parameter gets
+# no gradient in a step: a branch the forward did not use, a frozen layer (chapter 07). The
+# next cell gives one parameter a gradient in the first step only, and measures how far it
+# moves in the four steps after, with each kind of `zero_grad()`.
+
+
+# %%
+def idle_drift(make_optimizer, set_to_none, steps=5):
+    """How far a parameter that gets a gradient in the first step only moves after it."""
+    used = torch.nn.Parameter(torch.tensor([1.0, -1.0], device=device))
+    idle = torch.nn.Parameter(torch.tensor([1.0, -1.0], device=device))
+    optimizer = make_optimizer([used, idle])
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=set_to_none)
+        loss = (used**2).sum() + ((idle**2).sum() if step == 0 else 0)
+        loss.backward()
+        optimizer.step()
+        if step == 0:
+            after_first_step = idle.detach().clone()
+    return (idle.detach() - after_first_step).norm().item()
+
+
+optimizers = {
+    "SGD": lambda params: torch.optim.SGD(params, lr=0.1),
+    "SGD, momentum 0.9": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    "AdamW": lambda params: torch.optim.AdamW(params, lr=0.1),
+}
+print("distance the idle parameter moved in steps 2-5:")
+for name, make in optimizers.items():
+    as_none, as_zeros = idle_drift(make, set_to_none=True), idle_drift(make, set_to_none=False)
+    print(f"  {name:18} .grad = None: {as_none:.4f}   .grad = zeros: {as_zeros:.4f}")
+    assert as_none == 0 and (as_zeros > 0) == (name != "SGD")
+
+# %% [markdown]
+# With plain SGD the two agree: a zero gradient moves nothing. With momentum or AdamW, zeros keep
+# the parameter moving for many steps after its last real gradient, while `None` leaves it where
+# it is. Which one a model needs depends on why the gradient is missing; what matters is that
+# the choice changes the updates, silently. PyTorch's default is `None`.
 
 # %% [markdown]
 # ## Broken orders, measured
@@ -300,21 +366,34 @@ for order in orders:
 # ## `nn.CrossEntropyLoss` wants logits
 #
 # `nn.CrossEntropyLoss` applies `log_softmax` itself. If the model already ends in `softmax`,
-# the loss squashes probabilities a second time: every input lies in $[0, 1]$, so the
-# loss can never get close to zero and its gradients shrink. Nothing raises an error. The next
-# cell measures both on the same 3-class problem.
+# the loss squashes probabilities a second time. Nothing raises an error. Two things change.
+#
+# * **The gradient shrinks.** With logits $z$, the gradient of the loss with respect to $z$ is
+#   $\text{softmax}(z) - \text{one-hot}(y)$. With probabilities $p = \text{softmax}(z)$ in
+#   front, that vector is multiplied by the derivative of the model's own softmax, the matrix
+#   $\text{diag}(p) - p\,p^\top$. At the start of training the $K$ outputs are nearly equal, so
+#   $p \approx 1/K$ everywhere and this matrix scales the gradient by about $1/K$: about 3 times
+#   smaller with 3 classes, 10 times with 10.
+# * **The loss has a floor.** Every input to `log_softmax` lies in $[0, 1]$, so the right class
+#   can never get a probability near 1, and the loss can never get near zero.
+#
+# The next cell trains the same network both ways on points around $K$ centres, for an easy
+# problem ($K = 3$) and a harder one ($K = 10$), and prints the gradient at step 1, the
+# accuracy after 150 steps and the floor.
 
 
 # %%
-def train_classifier(softmax_first, steps=150):
+def train_classifier(softmax_first, n_classes, steps=150):
     gen = torch.Generator().manual_seed(SEED)
-    centres = torch.tensor([[2.0, 0.0], [-1.0, 1.7], [-1.0, -1.7]])
-    labels = torch.randint(0, 3, (300,), generator=gen)
+    angles = torch.arange(n_classes) * 2 * torch.pi / n_classes
+    centres = 2 * torch.stack([angles.cos(), angles.sin()], dim=1)  # on a circle of radius 2
+    labels = torch.randint(0, n_classes, (300,), generator=gen)
     inputs = centres[labels] + 0.6 * torch.randn(300, 2, generator=gen)
     inputs, labels = inputs.to(device), labels.to(device)
     torch.manual_seed(SEED)
-    net = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-    net = net.to(device)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, n_classes)
+    ).to(device)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     cross_entropy = torch.nn.CrossEntropyLoss()
     losses, first_grad_norm = [], None
@@ -331,27 +410,37 @@ def train_classifier(softmax_first, steps=150):
     return losses, first_grad_norm, accuracy
 
 
-logit_run = train_classifier(softmax_first=False)
-softmax_run = train_classifier(softmax_first=True)
-fig, ax = plt.subplots(figsize=(6, 3.5))
-ax.plot(logit_run[0], color=PALETTE["blue"], label="logits → CrossEntropyLoss (correct)")
-ax.plot(softmax_run[0], color=PALETTE["vermillion"], label="softmax → CrossEntropyLoss (bug)")
-ax.set(xlabel="step", ylabel="cross-entropy loss", title="Same model, same data, same lr")
-ax.legend(fontsize=8)
+runs = {(k, first): train_classifier(first, k) for k in (3, 10) for first in (False, True)}
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+for ax, k in zip(axes, (3, 10)):
+    ax.plot(runs[k, False][0], color=PALETTE["blue"], label="logits → CrossEntropyLoss (correct)")
+    ax.plot(runs[k, True][0], color=PALETTE["vermillion"], label="softmax → CrossEntropyLoss (bug)")
+    ax.set(xlabel="step", ylabel="cross-entropy loss", title=f"{k} classes, same model and lr")
+    ax.legend(fontsize=8)
+fig.tight_layout()
 plt.show()
-print(f"gradient norm at step 1: logits {logit_run[1]:.4f}, softmax first {softmax_run[1]:.4f}")
-print(f"accuracy after 150 steps: logits {logit_run[2]:.1%}, softmax first {softmax_run[2]:.1%}")
-floor = torch.log(torch.e + torch.tensor(2.0)) - 1  # -log(e / (e + 2))
-print(f"lowest loss reachable with softmax first: -log(e / (e + 2)) = {floor:.3f}")
+for k in (3, 10):
+    (_, grad_logits, acc_logits), (_, grad_softmax, acc_softmax) = runs[k, False], runs[k, True]
+    floor = torch.log(torch.e + torch.tensor(k - 1.0)) - 1  # -log(e / (e + K - 1))
+    print(f"{k:2} classes: gradient norm at step 1 {grad_logits:.4f} (logits) vs "
+          f"{grad_softmax:.4f} (softmax first), {grad_logits / grad_softmax:.1f}× smaller; "
+          f"accuracy after 150 steps {acc_logits:.1%} vs {acc_softmax:.1%}; "
+          f"lowest loss reachable with softmax first {floor:.3f}")  # fmt: skip
 
 # %% [markdown]
-# *Alt text: the correct run's loss falls towards zero; the softmax-first run's loss falls
-# slowly and levels off well above it.*
+# *Alt text: two panels of loss against step. With 3 classes the correct run's loss falls
+# towards zero, and the softmax-first run's loss falls more slowly and levels off well above
+# it. With 10 classes the correct run's loss falls steadily, and the softmax-first run's
+# barely moves.*
 #
-# The floor printed last is why: when the probabilities going in are perfect (1 for the right
-# class, 0 for the others), `log_softmax` of them still gives the right class only
-# $e/(e+2) \approx 0.58$, a loss of about 0.55. The model is pushed towards a target it can never
-# reach, with gradients that shrink on the way.
+# Read the printed lines. The gradient ratios are close to $K$, as the derivation says. On the
+# easy problem softmax first still ends at the same accuracy: ranking 3 well-separated classes
+# does not need large gradients, so the bug hides. With 10 classes the gradient is 10 times
+# smaller at the same learning rate, and after the same 150 steps softmax first is far behind.
+# The floors are why the loss curves level off: when the probabilities going in are perfect (1
+# for the right class, 0 for the others), `log_softmax` of them still gives the right class only
+# $e/(e + K - 1)$, about 0.58 with 3 classes, so the loss stays above 0.55. The model is pushed
+# towards a target it can never reach.
 
 # %% [markdown]
 # ## Exercise 2 · `ch04_train_step`: the five lines
@@ -385,6 +474,50 @@ ch04.check_train_step(train_step, thorough=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# ## What a kept loss tensor holds
+#
+# Why return `loss.item()` and not `loss`? A common answer is that a kept loss tensor keeps its
+# graph alive, and with it every activation the forward saved. After `backward()` that is not
+# so: backward frees the tensors the graph saved, whether or not something still refers to the
+# loss. The next cell counts the bytes autograd saved in one forward pass of a small MLP, and
+# the bytes still held afterwards, with the course's `LiveGraphMemory` (it sees every saved
+# tensor through `torch.autograd.graph.saved_tensors_hooks`, on any device).
+
+# %%
+from forge_course.sims.train_vs_eval import LiveGraphMemory
+
+torch.manual_seed(SEED)
+net = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+net = net.to(device)
+inputs = torch.randn(256, 512, device=device)
+labels = torch.randint(0, 10, (256,), device=device)
+memory = LiveGraphMemory()
+with memory:
+    kept_loss = torch.nn.functional.cross_entropy(net(inputs), labels)
+held_before = memory.live_bytes()
+kept_loss.backward()
+held_after = memory.live_bytes()
+with memory:  # three losses that no backward runs through, as in an evaluation without no_grad
+    unbackwarded = [torch.nn.functional.cross_entropy(net(inputs), labels) for _ in range(3)]
+held_unbackwarded = memory.live_bytes()
+for moment, held in (
+    ("one loss, before its backward", held_before),
+    ("the same loss, still kept, after its backward", held_after),
+    ("3 kept losses that no backward ran through", held_unbackwarded),
+):
+    print(f"saved tensors held: {moment:46} {held / 2**10:6,.0f} KiB")
+assert held_before > 0 and held_after == 0 and held_unbackwarded > held_before
+del kept_loss, unbackwarded
+
+# %% [markdown]
+# So memory after `backward()` is not the reason. The reason is what the caller needs: a plain
+# number to log, compare, average and write to a file, which holds nothing on the device and
+# carries no autograd history (summing kept loss tensors would build yet another graph). A kept
+# tensor does hold a whole graph's activations in one case, the last line above: a loss that
+# no backward ran through, such as an evaluation loss computed without `torch.no_grad()`
+# (chapter 06). One cost comes with `.item()`: on a GPU it makes the CPU wait until the device
+# has finished the step.
+#
 # ## What one step costs, measured
 #
 # A common rule of thumb says the backward pass costs about twice the forward: for every
@@ -494,7 +627,7 @@ print("lr per batch, scheduler stepped every batch:   ", learning_rates(per_batc
 # * **a**: PyTorch raises an error, because the inputs are not logits.
 # * **b**: training is unaffected; softmax of probabilities changes nothing.
 # * **c**: it trains without error, but the loss cannot approach zero and the gradients are
-#   smaller, so it learns slowly and badly.
+#   smaller, so it learns more slowly (how much more depends on the number of classes).
 # * **d**: the loss becomes NaN after a few steps.
 
 # %% nbgrader={"grade_id": "ch04_questions", "solution": true}
@@ -548,13 +681,17 @@ check_choice(
 #     loss = loss_fn(model(x), y)    # model(x), not model.forward(x); logits into CrossEntropyLoss
 #     loss.backward()                # without it, or after step(): no gradient, or last step's
 #     optimizer.step()               # without it: nothing ever changes
-#     return loss.item()             # a float: keeping the tensor keeps its graph alive
+#     return loss.item()             # a plain float to log (backward already freed the saved tensors)
 # ```
 #
 # * One step on paper: forward $y = [-0.1, 1.8]$, loss $2.225$, gradients by the chain rule,
 #   update, and the loss falls to $1.96601$.
 # * `backward()` adds into `.grad`; `zero_grad()` is what makes each step use only its batch.
-# * Softmax before `CrossEntropyLoss` trains silently and badly.
+# * Softmax before `CrossEntropyLoss` raises nothing; it puts a floor under the loss and makes
+#   the first gradients about $K$ times smaller for $K$ classes: invisible in accuracy on an
+#   easy 3-class problem, far behind on a 10-class one.
+# * `zero_grad()` leaves `None` by default; zeros instead keep SGD with momentum and AdamW moving
+#   a parameter that got no gradient.
 # * A scheduler steps after the optimizer, once per epoch or once per batch as it was designed.
 #
 # Next, chapter 05 looks inside `model` itself: which attributes become parameters, and what

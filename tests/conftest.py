@@ -38,11 +38,12 @@ def add_cells(path: Path, first: str | None = None, last: str | None = None) -> 
     nbformat.write(nb, path)
 
 
-# Roughly what each slow test costs on two shared cores (seconds, from `--durations`). The
-# suite starts with the longest, and `make test` lets an idle xdist worker steal queued tests
-# (`--dist worksteal`), so neither worker ends with a long test while the other idles.
+# Roughly what each slow test costs on two shared cores (seconds, from `--durations`). xdist's
+# `worksteal` hands the first half of the list to one worker and the second half to the other,
+# and an idle worker steals from the end of the other's queue; so each half starts with every
+# other slow test, longest first, and the quick ones come last, where stealing evens them out.
 COSTS = {
-    "test_grader_class.py::test_a_class_of_100": 180,
+    "test_grader_class.py::test_a_class_of_40": 80,
     "test_grader_boundary.py": 120,
     "test_autograde.py": 110,
     "test_grader_determinism.py": 90,
@@ -59,10 +60,29 @@ COSTS = {
 }
 
 
+# Files whose tests share one expensive module fixture (a graded class, a running Lab): their
+# tests stay on one worker, or the fixture would be built twice.
+SHARED = ("test_grader_boundary.py", "test_grader_instruments.py", "test_browser.py")
+
+
 def _cost(item: pytest.Item) -> int:
     nodeid = item.nodeid.removeprefix("tests/")
     return max((cost for prefix, cost in COSTS.items() if nodeid.startswith(prefix)), default=0)
 
 
+def _unit(item: pytest.Item) -> str:
+    nodeid = item.nodeid.removeprefix("tests/")
+    return next((f for f in SHARED if nodeid.startswith(f)), nodeid)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=_cost, reverse=True)  # stable: equal costs keep their order
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        units.setdefault(_unit(item), []).append(item)
+    ranked = sorted(units.values(), key=lambda u: max(map(_cost, u)), reverse=True)  # stable
+    slow = [u for u in ranked if max(map(_cost, u))]
+    quick = [item for u in ranked[len(slow) :] for item in u]
+    first = [item for u in slow[0::2] for item in u]
+    second = [item for u in slow[1::2] for item in u]
+    cut = max(0, len(items) // 2 - len(first))  # xdist sends the first half to the first worker
+    items[:] = first + quick[:cut] + second + quick[cut:]

@@ -36,6 +36,22 @@ def test_nothing_recorded_means_no_nodes():
     assert tape.graph_nodes(x) == [] and tape.graph_nodes(y) == []
 
 
+def test_every_tensor_that_needs_no_gradient_is_a_leaf_with_no_nodes():
+    # Results of operations included: the docstring's "a leaf, made by hand or needing none".
+    result = torch.ones(3) * 2
+    assert result.is_leaf and result.grad_fn is None and tape.graph_nodes(result) == []
+    assert not (torch.ones(3, requires_grad=True) * 2).is_leaf
+
+
+def test_the_number_in_a_next_functions_pair_is_which_output_not_which_input():
+    first, second = torch.tensor([1.0, 2.0], requires_grad=True).unbind()
+    # Input 0 of the product is unbind's output 1, input 1 its output 0.
+    assert [number for _, number in (second * first).grad_fn.next_functions] == [1, 0]
+    x, w = torch.tensor(2.0, requires_grad=True), torch.tensor(3.0, requires_grad=True)
+    # One-output producers give 0 at every input position, the second one included.
+    assert [number for _, number in (w * x + x).grad_fn.next_functions] == [0, 0]
+
+
 def graphs():
     a, b, c = (torch.randn(3, requires_grad=True) for _ in range(3))
     h = a.sigmoid()

@@ -6,6 +6,7 @@ Some tests start three workers on purpose; on a two-core machine torch warns abo
 import csv
 import pickle
 import random
+import time
 
 import numpy as np
 import pytest
@@ -120,6 +121,69 @@ def test_torch_reseeds_the_global_generators_in_each_worker():
     draws = _draws(RandomDraws(8, source="global"), seed=0)
     assert all(a != b for a, b in zip(draws[0], draws[1]))
     assert _draws(RandomDraws(8, source="global"), seed=0) == draws
+
+
+def test_numpy_is_seeded_from_a_hash_of_base_seed_and_worker_id():
+    # torch and Python take base_seed + worker_id; NumPy's global generator does not.
+    from torch.utils.data._utils.worker import _generate_state
+
+    # One item per worker: its draws are the first from each freshly seeded generator.
+    loader = DataLoader(RandomDraws(2, source="global"), batch_size=1, num_workers=2)
+    for item in loader:
+        worker, seed = item["worker"].item(), item["seed"].item()
+        hashed = np.random.RandomState(_generate_state(seed - worker, worker)).random_sample()
+        assert item["numpy"].item() == hashed
+        assert item["numpy"].item() != np.random.RandomState(seed % 2**32).random_sample()
+        assert item["python"].item() == random.Random(seed).random()
+    assert RandomDraws(1, source="global")[0]["seed"] == -1  # the main process
+
+
+def _two_epochs(persistent):
+    loader = DataLoader(RandomDraws(8), batch_size=2, num_workers=2, worker_init_fn=seed_worker,
+                        persistent_workers=persistent,
+                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    epochs = []
+    for _ in range(2):
+        by_worker = {}
+        for batch in loader:
+            for w, seed, draw in zip(batch["worker"].tolist(), batch["seed"].tolist(),
+                                     batch["numpy"].tolist()):  # fmt: skip
+                by_worker.setdefault(w, (seed, []))[1].append(draw)
+        epochs.append(by_worker)
+    return epochs
+
+
+def test_persistent_workers_draw_their_seeds_once_and_run_worker_init_fn_once():
+    first, second = _two_epochs(persistent=True)
+    for w, (seed, draws) in first.items():
+        assert second[w][0] == seed
+        # Epoch 2 continues the generator seed_worker made in epoch 1: it did not run again.
+        assert draws + second[w][1] == np.random.default_rng(seed).random(8).tolist()
+    first, second = _two_epochs(persistent=False)
+    for w, (seed, _) in first.items():
+        assert second[w][0] != seed
+        assert second[w][1] == np.random.default_rng(second[w][0]).random(4).tolist()
+
+
+class _SlowFirstItem(TracedDataset):
+    def __getitem__(self, index):
+        if index == 0:
+            time.sleep(0.5)
+        return super().__getitem__(index)
+
+
+def test_in_order_false_hands_batches_over_as_they_finish():
+    def batches(in_order):
+        loader = DataLoader(_SlowFirstItem(14), batch_size=2, num_workers=2, in_order=in_order)
+        return [(indices[0].item() // 2, workers[0].item()) for indices, workers in loader]
+
+    # In order: batch k from worker k mod 2, the slow batch 0 holding up the rest.
+    assert batches(in_order=True) == [(k, k % 2) for k in range(7)]
+    # Out of order: worker 1's batches come first, and it takes on batches meant for worker 0.
+    out_of_order = batches(in_order=False)
+    assert out_of_order[0] == (1, 1)
+    assert sorted(k for k, _ in out_of_order) == list(range(7))
+    assert sum(w == 1 for _, w in out_of_order) > 3
 
 
 def test_seed_worker_gives_distinct_reproducible_streams():

@@ -22,12 +22,12 @@ def test_steps_to_target_is_the_first_step_at_or_above_it():
     assert arena.run_arena({"epochs": 3}, seed=1, target=1.01).steps_to_target is None
 
 
-def test_a_whole_20_epoch_run_takes_under_5_seconds():
+def test_a_whole_20_epoch_run_reports_its_steps_and_time():
+    # How fast it runs is measured by `make bench` (benchmarks/RESULTS.md), not asserted here.
     start = time.perf_counter()
     result = arena.run_arena({"epochs": 20}, seed=0)
-    elapsed = time.perf_counter() - start
-    assert result.total_steps == 200 and elapsed < 5.0
-    assert result.wall_time_s <= elapsed
+    assert result.total_steps == 200
+    assert 0 < result.wall_time_s <= time.perf_counter() - start
 
 
 def test_progress_is_reported_after_every_step():

@@ -1,7 +1,5 @@
 """The module explorer's engine, headless: what it finds must agree with torch's own walk."""
 
-import time
-
 import matplotlib
 import pytest
 import torch
@@ -78,16 +76,6 @@ def test_plain_dicts_and_non_persistent_buffers_are_shown():
 def test_build_rejects_an_unknown_container():
     with pytest.raises(ValueError, match="container must be one of"):
         mx.build("MLP", "tuple")
-
-
-def test_an_interaction_answers_in_well_under_50_ms():
-    mx.explore_preset("MLP with BatchNorm", "plain list", moved_to="meta")  # warm-up
-    times = []
-    for _ in range(9):
-        start = time.perf_counter()
-        mx.explore_preset("MLP with BatchNorm", "plain list", moved_to="meta")
-        times.append(time.perf_counter() - start)
-    assert sorted(times)[len(times) // 2] < 0.05
 
 
 def test_draw_marks_unregistered_rows_and_left_behind_devices():

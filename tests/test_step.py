@@ -50,6 +50,51 @@ def test_hand_step_matches_autograd(m, n):
     torch.testing.assert_close(torch.tensor(out["W_new"]).double(), (W - 0.1 * W.grad).detach())
 
 
+@pytest.mark.parametrize("lr", [0.1, 1 / 6, 0.3, 1 / 3, 0.34, 0.5])
+def test_the_running_example_overshoots_past_lr_one_third(lr):
+    # Each error is multiplied by 1 - lr·(|x|² + 1) = 1 - 6·lr, so the loss by its square.
+    out = step.hand_step(**{**EXAMPLE, "lr": lr})
+    _, loss_new = step.evaluate_linear(out["W_new"], out["b_new"], EXAMPLE["x"], EXAMPLE["t"])
+    assert loss_new == pytest.approx(2.225 * (1 - 6 * lr) ** 2, abs=1e-12)
+    if lr != 1 / 3:
+        assert (loss_new > out["loss"]) == (lr > 1 / 3)
+
+
+def test_a_loss_kept_after_backward_holds_no_saved_tensors():
+    from forge_course.sims.train_vs_eval import LiveGraphMemory
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    memory = LiveGraphMemory()
+    with memory:
+        loss = torch.nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.tensor([0, 1] * 2))
+    assert memory.live_bytes() > 0
+    loss.backward()
+    assert loss.grad_fn is not None and memory.live_bytes() == 0  # kept, yet nothing held
+
+
+def _idle_drift(make_opt, set_to_none):
+    # A parameter with a gradient in the first step only: how far later steps move it.
+    used, idle = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    opt = make_opt([used, idle])
+    for i in range(4):
+        opt.zero_grad(set_to_none=set_to_none)
+        ((used**2).sum() + ((idle**2).sum() if i == 0 else 0)).backward()
+        opt.step()
+        if i == 0:
+            after_first = idle.detach().clone()
+    return (idle.detach() - after_first).norm().item()
+
+
+@pytest.mark.parametrize("make_opt,moves_on_zeros", [
+    (lambda p: torch.optim.SGD(p, lr=0.1), False),
+    (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), True),
+    (lambda p: torch.optim.AdamW(p, lr=0.1), True),
+], ids=["sgd", "momentum", "adamw"])  # fmt: skip
+def test_zeroed_gradients_move_a_parameter_that_none_leaves_alone(make_opt, moves_on_zeros):
+    assert _idle_drift(make_opt, set_to_none=True) == 0
+    assert (_idle_drift(make_opt, set_to_none=False) > 0) == moves_on_zeros
+
+
 @pytest.mark.parametrize("device", available_devices(), ids=str)
 @pytest.mark.parametrize("make_opt", [
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),

@@ -335,10 +335,10 @@ WORKER_INIT_MISTAKES = [
         _seeds_global_generators,
     ),
     (
-        "the seeds depend on `worker_id` alone: the workers differ, but every run and every "
-        "epoch repeats the same draws whatever the loader's generator. Seed from "
-        "`get_worker_info().seed` (or `torch.initial_seed()`), which follows the generator and "
-        "changes each epoch.",
+        "the seeds depend on `worker_id` alone: the workers differ, but every run repeats the "
+        "same draws whatever the loader's generator (and, unless the workers persist, so does "
+        "every epoch). Seed from `get_worker_info().seed` (or `torch.initial_seed()`), which "
+        "follows the generator and is drawn anew each time the workers start.",
         _seeds_from_worker_id,
     ),
     (

@@ -86,7 +86,7 @@ def accumulate_step(
     for x, y in micro_batches:
         loss = loss_fn(model(x), y)
         (loss * (len(x) / total)).backward()
-        # Keep a detached number: holding `loss` itself would keep its graph alive.
+        # Sum detached values: the total is only reported, so autograd need not record the sum.
         loss_sum = loss_sum + loss.detach() * len(x)
     if max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)

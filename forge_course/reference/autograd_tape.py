@@ -2,10 +2,13 @@
 
 While a forward pass runs, autograd records one *node* per operation on a tensor that requires
 grad. ``tensor.grad_fn`` is the node that made ``tensor``; ``node.next_functions`` holds one
-``(node, input_number)`` pair per input of that operation, in the order of the inputs, with
-``None`` for an input that needs no gradient. A leaf tensor that requires grad appears as an
-``AccumulateGrad`` node, which adds the gradient that reaches it into the leaf's ``.grad``.
-The nodes form a DAG, not a tree: a tensor used twice is reached twice.
+``(node, output_number)`` pair per input of that operation, in the order of the inputs: the
+node that made the input (``None`` for an input that needs no gradient) and which of that
+node's outputs the input is (0 unless the operation has several, as ``unbind`` does). A leaf
+tensor that requires grad appears as an ``AccumulateGrad`` node, which adds the gradient that
+reaches it into the leaf's ``.grad``. Every tensor that does not require grad is a leaf too,
+results of operations included, and has no node. The nodes form a DAG, not a tree: a tensor
+used twice is reached twice.
 
 `recorded_graph` and `graph_nodes` walk that DAG breadth-first. `LogSumExp` and `RoundSTE` are
 ``torch.autograd.Function`` s whose backward is ours instead of autograd's:
@@ -43,7 +46,7 @@ class RecordedGraph:
 
 
 def _breadth_first(tensor: torch.Tensor) -> RecordedGraph:
-    if tensor.grad_fn is None:  # a leaf, or made under no_grad: nothing was recorded
+    if tensor.grad_fn is None:  # a leaf (made by hand, or needing no gradient): nothing recorded
         return RecordedGraph([], [])
     position = {tensor.grad_fn: 0}  # node -> where it stands in the order; also "seen"
     nodes, inputs = [tensor.grad_fn], []
@@ -82,8 +85,8 @@ def graph_nodes(tensor: torch.Tensor) -> list[str]:
         >>> graph_nodes((w * x + x) ** 2)
         ['PowBackward0', 'AddBackward0', 'MulBackward0', 'AccumulateGrad', 'AccumulateGrad']
 
-    Returns ``[]`` for a tensor that recorded nothing (a leaf, or a result made under
-    ``torch.no_grad()``).
+    Returns ``[]`` for a tensor that recorded nothing: a leaf, which is a tensor made by hand
+    or any result that needs no gradient (one made under ``torch.no_grad()``, say).
     """
     return [type(node).__name__ for node in _breadth_first(tensor).nodes]
 

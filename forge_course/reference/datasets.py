@@ -111,13 +111,19 @@ def _worker_id() -> int:
     return info.id if info is not None else -1
 
 
+def _worker_seed() -> int:
+    info = get_worker_info()
+    return info.seed if info is not None else -1
+
+
 class RandomDraws(Dataset):
     """A stand-in for a dataset with random augmentation: each item reports the numbers it drew.
 
     A real augmentation would use its draws to crop, flip or drop words; what decides whether
     two workers repeat each other is only where the draws come from, so this dataset returns
-    them. Item ``i`` is ``{"index": i, "worker": id, "numpy": float, "python": float}``, where
-    ``worker`` is the loading worker's id (-1 in the main process).
+    them. Item ``i`` is ``{"index": i, "worker": id, "seed": int, "numpy": float, "python":
+    float}``, where ``worker`` is the loading worker's id and ``seed`` its
+    ``get_worker_info().seed`` (both -1 in the main process).
 
     Args:
         n: number of items.
@@ -148,6 +154,7 @@ class RandomDraws(Dataset):
         return {
             "index": index % self.n,
             "worker": _worker_id(),
+            "seed": _worker_seed(),
             "numpy": float(numpy_draw),
             "python": python_draw,
         }
@@ -160,9 +167,11 @@ def seed_worker(worker_id: int) -> None:
     A worker starts with a copy of the dataset as it was in the main process, generators
     included, so without this every worker draws the same numbers. ``get_worker_info().seed``
     (equal to ``torch.initial_seed()`` inside the worker) is ``base_seed + worker_id``, where the
-    loader draws ``base_seed`` from its ``generator`` (or torch's global generator) once per
-    epoch: the seeds differ between workers and epochs, and repeat when the loader's generator
-    is seeded the same way.
+    loader draws ``base_seed`` from its ``generator`` (or torch's global generator) each time it
+    starts workers: every epoch, or only once with ``persistent_workers=True``, whose workers
+    run this function once and keep drawing from the same generators in later epochs. Either
+    way the seeds differ between workers and repeat when the loader's generator is seeded the
+    same way.
 
     Args:
         worker_id: this worker's number, ``0 <= worker_id < num_workers``.

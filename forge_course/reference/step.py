@@ -83,8 +83,10 @@ def train_step(
 ) -> float:
     """One optimizer update on the batch ``(x, y)``; returns the batch's loss as a Python float.
 
-    Returning ``loss.item()`` rather than ``loss`` matters: a caller that keeps the tensor (in a
-    list of losses, say) keeps its whole graph alive, and memory grows every step.
+    Returning ``loss.item()`` rather than ``loss`` gives the caller what it needs: a number to
+    log and compare, holding no device memory and no autograd history. (Memory is not the
+    reason: ``backward`` has already freed the tensors the graph saved, even if the caller keeps
+    the loss tensor. Only a loss that no backward ran through holds its graph's activations.)
     """
     optimizer.zero_grad()
     loss = loss_fn(model(x), y)
