@@ -4,7 +4,8 @@ Timings are medians over repeated runs, except where a chapter shows the fastest
 10's), and every ratio is taken within one run of this script, so a busy machine slows both
 sides alike. `--quick` (under 2 minutes, for use while developing) runs each measurement once
 or a few times, on the floor and chapter 04 only, grades one copy of each sample, skips the
-crash replay, the compile claim and the set-up timing, and writes benchmarks/quick.md instead.
+crash replay, the compile claim, the sandbox limits (`benchmarks/limits.py`) and the set-up
+timing, and writes benchmarks/quick.md instead.
 """
 
 from __future__ import annotations
@@ -643,7 +644,10 @@ def main(argv: list[str] | None = None) -> int:
         lines += (
             ["## Claims the chapters measure", ""] + bench_claims(repeats, not args.quick) + [""]
         )
-        if not args.quick:
+        if not args.quick:  # every chapter graded once more: minutes
+            from limits import TITLE, bench_limits  # benchmarks/limits.py, beside this script
+
+            lines += [TITLE, ""] + bench_limits() + [""]
             lines += ["## Set-up", ""] + bench_setup(tmp) + [""]
     out = REPO / "benchmarks" / ("quick.md" if args.quick else "RESULTS.md")
     out.write_text("\n".join(lines))

@@ -7,6 +7,8 @@ import sys
 USAGE = """usage: forge-course COMMAND [ARGS]
 
 commands:
+  lab [--port N] [--no-browser] [JUPYTER ARGS]
+                          open the course in JupyterLab (learners)
   check NOTEBOOK          run a notebook and report its tests (learners)
   doctor FILE.py:FUNC     run a training function under the loop doctor
   release                 rebuild build/source and notebooks/ from solutions/ (instructors)
@@ -22,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
+    if command == "lab":
+        from forge_course.lab import main as lab
+
+        return lab(rest)
     if command == "check":
         from forge_course.check import main as check
 
@@ -47,14 +53,12 @@ def _grade(argv: list[str]) -> int:
     from collections import Counter
     from pathlib import Path
 
-    from forge_course.grader import run, sandbox
-
     parser = argparse.ArgumentParser(prog="forge-course grade")
     parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
     parser.add_argument("--submitted", type=Path, help="folder of <student>/<assignment>/")
     parser.add_argument("--jobs", type=int, help="submissions graded at once (default: cores)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per exercise")
-    parser.add_argument("--memory", type=int, default=4096, help="MB of memory per submission")
+    parser.add_argument("--timeout", type=float, help="seconds per exercise (default: Limits)")
+    parser.add_argument("--memory", type=int, help="MB of memory per submission (default: Limits)")
     parser.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="devices to check on"
     )
@@ -64,7 +68,15 @@ def _grade(argv: list[str]) -> int:
         "--unsafe", action="store_true", help="grade without bubblewrap (no sandbox: your rights)"
     )
     args = parser.parse_args(argv)
-    limits = sandbox.Limits(seconds=args.timeout, memory_mb=args.memory)
+    elsewhere = _grading_elsewhere(sys.platform, args.unsafe)
+    if elsewhere:
+        print(f"forge-course grade: {elsewhere}", file=sys.stderr)
+        return 2
+
+    from forge_course.grader import run, sandbox
+
+    chosen = {"seconds": args.timeout, "memory_mb": args.memory}
+    limits = sandbox.Limits(**{k: v for k, v in chosen.items() if v is not None})
     print(f"Isolation: {sandbox.isolation()}", flush=True)
     try:
         outcomes = run.grade(
@@ -87,6 +99,24 @@ def _grade(argv: list[str]) -> int:
     )
     print(f"Scores: {run.grading_dir() / 'grades.csv'}; feedback: {run.grading_dir() / 'feedback'}")
     return 0
+
+
+def _grading_elsewhere(platform: str, unsafe: bool) -> str:
+    """Why this system cannot grade (one sentence), or "" where it can try."""
+    if platform.startswith("linux"):
+        return ""  # bubblewrap, or the sandbox's own message where it is missing
+    isolation = "it isolates learner code with bubblewrap, which runs only on Linux"
+    if platform == "win32":  # the worker forks a child per exercise
+        return (
+            f"{isolation}: grade in WSL or a Linux container (--unsafe cannot help: its "
+            "workers fork, which Windows cannot)."
+        )
+    if unsafe:
+        return ""
+    return (
+        f"{isolation}: grade in a Linux machine or container, or pass --unsafe to run learner "
+        "code with your own rights (only on a machine you can afford to lose)."
+    )
 
 
 if __name__ == "__main__":

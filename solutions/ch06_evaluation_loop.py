@@ -104,9 +104,33 @@ print(f"training loss on the last batch: {loss.item():.4f}")
 # | `model.train()` / `model.eval()` | the `training` flag of the model and of every submodule | the layers that behave differently in training: dropout (random zeros, or nothing) and batch norm (this batch's statistics, or the running ones) | autograd: a model in eval mode still records a graph |
 # | `with torch.no_grad():` / `with torch.inference_mode():` | a flag of autograd, for the code inside the `with` | whether operations are recorded for a backward pass: outputs get `grad_fn=None` and nothing is saved for backward | layers: dropout still drops, batch norm still updates its running statistics |
 #
-# Neither implies the other, and an evaluation loop needs both. Linear layers, convolutions,
-# activations and attention behave the same in both modes; only layers with a training
-# behaviour look at the flag.
+# Neither implies the other, and an evaluation loop needs both. Linear layers, convolutions
+# and activations behave the same in both modes. A layer changes with the flag when it holds a
+# dropout or a batch norm, and attention layers usually hold one: `nn.TransformerEncoderLayer`
+# drops values in its attention and in its feed-forward block (`dropout=0.1` by default), and
+# `nn.MultiheadAttention(..., dropout=p)` drops attention weights for any `p > 0` (its default
+# is 0). The next cell calls each twice on the same input, in each mode.
+
+# %%
+tokens = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(SEED))  # [B, T, features]
+torch.manual_seed(SEED)
+mha = torch.nn.MultiheadAttention(16, num_heads=2, dropout=0.1, batch_first=True)
+encoder = torch.nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+attention_layers = {
+    "MultiheadAttention(dropout=0.1)": (mha, lambda: mha(tokens, tokens, tokens)[0]),
+    "TransformerEncoderLayer()": (encoder, lambda: encoder(tokens)),
+}
+for name, (layer, run) in attention_layers.items():
+    for mode in ("train", "eval"):
+        layer.train(mode == "train")
+        with torch.no_grad():
+            gap = (run() - run()).abs().max().item()
+        print(f"{name:32} {mode:5} mode: largest difference between two calls {gap:.4f}")
+        assert (gap > 0) == (mode == "train")
+
+# %% [markdown]
+# In train mode two calls disagree; in eval mode they agree. A transformer's evaluation loop
+# needs `model.eval()` as much as this chapter's network does.
 
 # %% [markdown]
 # ## Dropout by hand
@@ -454,6 +478,52 @@ print(f"the naive mean is off by {abs(naive - whole) / whole:.1%} here; the weig
       f"{abs(weighted - whole) / whole:.1e} (float32 rounding)")  # fmt: skip
 
 # %% [markdown]
+# Weighing each batch mean by the batch's size is right only when every example counts once in
+# that mean. Two common settings of `CrossEntropyLoss` break this. With class weights
+# (`weight=w`) the batch mean is $\sum_j w_{y_j} \ell_j / \sum_j w_{y_j}$: it divides by the
+# total weight of the batch's targets, not by their number. With `ignore_index`, it divides by
+# the number of targets not ignored. For these, add up each batch's **sum**
+# (`reduction="sum"`) and divide by the same total over the whole set: the total weight of the
+# counted targets (or their number). The next cell compares the two on the running example,
+# first with class 1 weighted 3 times, then with the first 20 targets ignored (as padding
+# tokens are in a sequence task), against one batch holding all 75.
+
+
+# %%
+def counted_weight(targets, weight=None, ignore_index=-100):
+    """What a mean-reduced CrossEntropyLoss divides by: the weight of the targets it counts."""
+    counted = targets[targets != ignore_index]
+    return (weight[counted].sum() if weight is not None else torch.tensor(len(counted))).item()
+
+
+class_weight = torch.tensor([1.0, 3.0], device=device)
+y_some_ignored = y_val.clone()
+y_some_ignored[:20] = -100  # CrossEntropyLoss's default ignore_index, as padding would be
+settings = {
+    "class weights [1, 3]": ({"weight": class_weight}, y_val),
+    "first 20 targets ignored": ({}, y_some_ignored),
+}
+model.eval()
+with torch.no_grad():
+    for name, (options, targets) in settings.items():
+        mean_loss = torch.nn.CrossEntropyLoss(**options)
+        sum_loss = torch.nn.CrossEntropyLoss(reduction="sum", **options)
+        by_size = summed = total_weight = 0.0
+        for batch_x, batch_y in DataLoader(TensorDataset(X_val, targets), batch_size=BATCH_SIZE):
+            outputs, batch_y = model(batch_x.to(device)), batch_y.to(device)
+            by_size += mean_loss(outputs, batch_y).item() * len(batch_y)
+            summed += sum_loss(outputs, batch_y).item()
+            total_weight += counted_weight(batch_y, options.get("weight"))
+        whole = mean_loss(model(X_val.to(device)), targets.to(device)).item()
+        by_size, summed = by_size / len(targets), summed / total_weight
+        print(f"{name}: batch means weighted by size {by_size:.5f} (off by "
+              f"{abs(by_size - whole) / whole:.1%}); sums over total weight {summed:.5f}; "
+              f"all 75 at once {whole:.5f}")  # fmt: skip
+        assert math.isclose(summed, whole, rel_tol=1e-5)
+        assert not math.isclose(by_size, whole, rel_tol=1e-3)
+model.train()
+
+# %% [markdown]
 # ## Memory: what `no_grad()` saves, and what really grows
 #
 # With recording on, each operation of the forward pass saves what its backward will need: a
@@ -592,8 +662,9 @@ print(f"keeping tensor totals with recording on: +{growth / 1024:.1f} KiB per ev
 #
 # Why the restriction on the loss: with class weights, `CrossEntropyLoss`'s batch mean divides
 # by the total weight of the batch's targets, and with `ignore_index` by the number of targets
-# not ignored, not by the batch size. For those, add up `reduction="sum"` losses (on a copy of
-# the loss function) and divide by the same total weight or count over the whole set.
+# not ignored, not by the batch size; "Averaging over uneven batches" measured what weighing by
+# the batch size costs then. Those losses need the sums of `reduction="sum"` divided by the
+# total weight or count over the whole set, a different function from this one.
 
 
 # %% nbgrader={"grade_id": "ch06_evaluate", "solution": true}
@@ -919,7 +990,12 @@ check_choice(
 # * Dropout by hand: $[0.8, 1.2, 0.3, 0.9]$ with $p = 0.5$ and positions 0 and 2 kept gives
 #   $[1.6, 0, 0.6, 0]$ in train mode and the input unchanged in eval mode.
 # * Batch norm normalises with the batch's statistics in train mode (and updates its running
-#   ones, under `no_grad` too), with the running ones in eval mode.
+#   ones, under `no_grad` too), with the running ones in eval mode. Dropout, batch norm and the
+#   layers that hold them (attention layers with `dropout > 0`, `TransformerEncoderLayer`) are
+#   what the mode changes.
+# * A batch mean times the batch size adds up right only when every example counts once. With
+#   class weights or `ignore_index`, add up `reduction="sum"` losses and divide by the total
+#   weight (or number) of the targets counted.
 # * Without `no_grad`, evaluation saves activations in every forward; memory *grows* only when
 #   graph-attached tensors are kept.
 # * `inference_mode` promises that its outputs never join a graph; whether it is faster than

@@ -54,7 +54,8 @@ print("Running on", describe(device))
 # is a small MLP, $2 \to 64 \to 64 \to 3$, with ReLU, a Dropout layer ($p = 0.2$) after the first
 # layer, and the last layer kept apart as `model.head`. It trains with SGD, learning rate 0.2
 # and momentum 0.9. Here is the loop, split the way most training scripts are: build the
-# optimizer, train one epoch, evaluate.
+# optimizer, train one epoch, evaluate. `evaluate` follows chapter 06's rule: eval mode for the
+# forward pass, then each module's own mode put back as it was found.
 
 
 # %%
@@ -77,10 +78,12 @@ def train_epoch(model, optimizer, loss_fn, batches, log):
 
 
 def evaluate(model, loss_fn, X, y):
+    modes = {module: module.training for module in model.modules()}
     model.eval()
     with torch.no_grad():
         loss = loss_fn(model(X.to(device)), y.to(device)).item()
-    model.train()
+    for module, training in modes.items():
+        module.training = training
     return loss
 
 
@@ -322,9 +325,10 @@ for name, values in modes.items():
 # it the ten dots are spread over a range of accuracies; the printed lines give the ranges.*
 #
 # A validation curve measured in train mode is noisy, and it is biased too: the network it
-# measures is a thinned one. The mirror-image bug, training in eval mode because `model.train()`
-# is never called again after validation, silently switches Dropout off for the rest of
-# training. The correct `evaluate` above sets `model.eval()` first and `model.train()` last.
+# measures is a thinned one. The mirror-image bug, training in eval mode because validation
+# left the model in eval mode and nothing switched it back, silently switches Dropout off for
+# the rest of training. The correct `evaluate` above sets `model.eval()` first and gives every
+# module its own mode back last; `train_epoch` also calls `model.train()` as it starts.
 
 # %% [markdown]
 # ## Exhibit 3 · Kept graphs, and what they really cost
@@ -990,10 +994,12 @@ def train_epoch_a(model, optimizer, loss_fn, batches, log):
 
 
 def evaluate_b(model, loss_fn, X, y):
+    modes = {module: module.training for module in model.modules()}
     model.eval
     with torch.no_grad():
         loss = loss_fn(model(X.to(device)), y.to(device)).item()
-    model.train()
+    for module, training in modes.items():
+        module.training = training
     return loss
 
 
@@ -1157,8 +1163,8 @@ check_labels(
     hints={
         "A": "Look at where `optimizer.zero_grad()` sits, and at the saw-tooth of its gradient "
         "norm, which restarts with every epoch.",
-        "B": "Read the first line of its `evaluate` closely (what does `model.eval` without "
-        "parentheses do?), and compare its two evaluations per epoch.",
+        "B": "Read the line of its `evaluate` that should switch to eval mode (what does "
+        "`model.eval` without parentheses do?), and compare its two evaluations per epoch.",
         "C": "Zeroing after `step()` and logging `loss.detach().cpu().item()` are both fine: its "
         "panels match a healthy loop's.",
         "D": "`epoch_loss += loss` adds tensors, not numbers: look at its graphs-alive panel.",
@@ -1342,10 +1348,12 @@ check_choice(
 #     norm = clip_grad_norm_(model.parameters(), max_norm)  # returns the norm before clipping: log it
 #     optimizer.step()
 #     log.append(loss.item())                 # a number: a kept tensor keeps its graph
+# modes = {m: m.training for m in model.modules()}  # chapter 06's rule, before model.eval()
 # model.eval()                                # without it: Dropout on, evaluations disagree
 # with torch.no_grad():                       # without it: each forward records a graph
 #     ...
-# model.train()                               # without it: the rest of training runs in eval mode
+# for m, training in modes.items():           # without it: the rest of training runs in eval
+#     m.training = training                   #   mode (model.train() would unfreeze a frozen BN)
 # ```
 #
 # * Every silent bug has a signature: the gradient norm (accumulation, vanishing, explosion),

@@ -34,6 +34,7 @@ import math
 import os
 import pickle
 import random
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -167,18 +168,51 @@ print(f"tensors: {tensor_bytes(payload)} bytes; the file: {path.stat().st_size} 
 # `torch.save(checkpoint, path)` opens `path`, empties it, and then writes. A process killed
 # half-way (pre-empted, out of memory, out of disk) leaves a truncated file under the
 # checkpoint's name, and the previous checkpoint, which lived at that name, is gone. The safe
-# order is three steps:
+# order is four steps:
 #
 # 1. write to a **temporary file in the same folder**;
 # 2. `file.flush()` then `os.fsync(file.fileno())`: the bytes leave Python's buffer, then the
 #    operating system's cache, for the disk (without it, a power cut after the rename can leave
 #    a correctly named file of zeros);
 # 3. `os.replace(tmp, path)`: a rename within one file system is atomic, so any reader sees
-#    either the old complete file or the new complete one, never a mixture.
+#    either the old complete file or the new complete one, never a mixture;
+# 4. **sync the folder**: open it (`os.open(folder, os.O_RDONLY | os.O_DIRECTORY)`), `os.fsync`
+#    that descriptor, close it. The rename changed the folder's list of names, and that list
+#    sits in the operating system's cache like any other write: syncing the file does not sync
+#    the folder that names it (Linux's `fsync(2)` manual says so), so without this a power cut
+#    can bring back the old name, or none. (Windows cannot open a folder this way; there the
+#    step is skipped.)
 #
-# If anything fails, delete the temporary file and re-raise. The next cell makes a save fail
-# half-way (an object whose pickling raises, as a full disk would) over a good checkpoint,
-# first with plain `torch.save`, then with the reference's atomic save.
+# If anything fails, delete the temporary file and re-raise. The next cell records what the
+# reference's `save_checkpoint` hands to `os.fsync` during one save: a file or a folder.
+
+
+# %%
+def fsync_calls(save):
+    """Run `save()` and list what each `os.fsync` call synced, in order: "file" or "folder"."""
+    synced, real_fsync = [], os.fsync
+
+    def recording_fsync(fd):
+        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    os.fsync = recording_fsync
+    try:
+        save()
+    finally:
+        os.fsync = real_fsync
+    return synced
+
+
+target = ckpt.checkpoint_path(work / "synced", 10)
+synced = fsync_calls(lambda: ckpt.save_checkpoint(target, model, optimizer, scheduler, step=10))
+print(f"os.fsync calls during one save: {synced}")
+assert synced == (["file", "folder"] if hasattr(os, "O_DIRECTORY") else ["file"])
+
+# %% [markdown]
+# The file first, before the rename; the folder last, after it. The next cell makes a save fail
+# half-way (an object whose pickling raises, as a full disk would) over a good checkpoint, first
+# with plain `torch.save`, then with the reference's atomic save.
 
 
 # %%
@@ -266,8 +300,10 @@ except pickle.UnpicklingError as err:
 #
 #   where `kind, keys, pos, has_gauss, cached = np.random.get_state()`. Write it atomically:
 #   to a temporary file in the same folder, flushed and `os.fsync`ed, then `os.replace`d onto
-#   `path`. If writing fails, delete the temporary file and let the error propagate: `path`
-#   must still hold the previous checkpoint, and no other file may be left.
+#   `path`, then the folder synced (step 4 above; only a power cut would show a missing sync,
+#   so the check cannot test this one). If writing fails, delete the temporary file and let the
+#   error propagate: `path` must still hold the previous checkpoint, and no other file may be
+#   left.
 # * `load_checkpoint(path, model, optimizer, scheduler)` loads it with
 #   `torch.load(path, weights_only=True)`, restores the three objects and the three generators
 #   (`torch.set_rng_state`, `random.setstate`, `np.random.set_state` with the keys as a
@@ -314,6 +350,12 @@ def save_checkpoint(path, model, optimizer, scheduler, step):
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if hasattr(os, "O_DIRECTORY"):  # the rename is an entry in the folder: sync it too
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
     ### END SOLUTION
 
 
@@ -808,6 +850,7 @@ check_choice(
 #                                                # model + optimizer + scheduler + counters +
 #                                                # sampler position + every RNG; else: not the same run
 # tmp → flush → os.fsync → os.replace(tmp, path) # else: a crash mid-save destroys the last checkpoint
+#   → os.fsync(the folder's descriptor)          # else: a power cut can undo the rename
 # torch.load(path, weights_only=True)            # else: loading a file runs code from it
 # DataLoader(..., generator=torch.Generator())   # else: a mid-epoch resume shifts later random draws
 # norm = clip_grad_norm_(model.parameters(), 1.0)  # returns the pre-clip norm: log it

@@ -356,6 +356,9 @@ with torch.autocast(device.type, dtype=low):
     assert half.dtype == low
     for name, op in ops.items():
         print(f"{name:22} {str(op(a).dtype):>16} {str(op(half).dtype):>16}")
+    assert ops["cross_entropy"](half).dtype == torch.float32  # losses: float32 on every device
+    if device.type == "cpu":  # the CPU's float32 list has no softmax and no sum
+        assert ops["softmax"](half).dtype == ops["sum"](half).dtype == low
 
 # %% [markdown]
 # Read the table column by column. With float32 inputs, only the operations on autocast's
@@ -430,11 +433,53 @@ print(f"scale {scale_before:.0f} → {scaler.get_scale():.0f}; update skipped: {
 print(f"the scaler this device needs for {low}: {ref_amp.make_scaler(device)}")
 
 # %% [markdown]
-# So the rule is short: **float16 needs a `GradScaler`; bfloat16 does not.** Autocast's default
-# is float16 on CUDA and Apple MPS and bfloat16 on the CPU. Using a scaler with bfloat16 does
-# no harm to the numbers, but it is dead weight, and copying such a script to float16 without
-# understanding which half mattered is how runs lose their gradients.
+# So the rule is short: **float16 needs a `GradScaler`; bfloat16 does not.** Using a scaler
+# with bfloat16 does no harm to the numbers, but it is dead weight, and copying such a script to
+# float16 without understanding which half mattered is how runs lose their gradients.
 #
+# ### Which type for this hardware
+#
+# Autocast's default is float16 on CUDA and Apple MPS and bfloat16 on the CPU, whatever the
+# hardware underneath can do. Choose by the hardware instead:
+#
+# * an NVIDIA GPU with bfloat16 arithmetic (Ampere, compute capability 8.0, and later: A100,
+#   RTX 30xx, H100): **bfloat16, no scaler**. Ask for it, `dtype=torch.bfloat16`: the CUDA
+#   default is still float16;
+# * an older NVIDIA GPU (Volta, Turing: V100, T4): no bfloat16 arithmetic, so **float16 with a
+#   `GradScaler`**;
+# * a CPU with bfloat16 instructions (AVX512-BF16 or AMX on recent Xeons, some Arm server
+#   chips): **bfloat16, no scaler**;
+# * a CPU without them: autocast still runs in bfloat16, with the same numbers to bfloat16's
+#   precision, but its kernels convert to float32 and back around the arithmetic, so it is
+#   slower, and saves only activation memory: **stay in float32** unless memory is what you
+#   lack (the measurement after this shows both on your device);
+# * Apple MPS: autocast's default, **float16 with a `GradScaler`**.
+#
+# The next cell asks torch what this device has.
+
+
+# %%
+def has_bfloat16_arithmetic(device):
+    """Whether `device` computes in bfloat16 in hardware, as far as torch can tell."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":  # torch's own test of the CPU (no public call exists for it)
+        probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+        return torch.backends.mkldnn.is_available() and probe is not None and probe()
+    return False  # MPS: this chapter keeps autocast's float16 there
+
+
+native = has_bfloat16_arithmetic(device)
+if native:
+    advice = "bfloat16, no GradScaler"
+elif device.type == "cpu":
+    advice = "float32: autocast's bfloat16 would be emulated here"
+else:
+    advice = "float16 with a GradScaler"
+print(f"{describe(device)}: bfloat16 arithmetic in hardware: {native}")
+print(f"advice for training here: {advice}; autocast's default here is {low}")
+
+# %% [markdown]
 # ### Is it faster here? Does it save memory?
 #
 # The promise is "twice as fast, half the memory". The speed comes from hardware with fast
@@ -518,9 +563,10 @@ for b in (BATCH, 16 * BATCH):
 #
 # * clear the gradients, then run the forward pass **and the loss** under `torch.autocast` for
 #   `x`'s device type (`x.device.type`: never a device written into the code), with bfloat16
-#   on the CPU and float16 on CUDA and MPS. On a GPU that supports bfloat16
-#   (`torch.cuda.is_bf16_supported()`) bfloat16 is accepted too: the check then compares the
-#   loss at bfloat16's precision;
+#   on the CPU and float16 on CUDA and MPS: autocast's defaults, so that the check compares
+#   the same step on every machine. On a GPU that supports bfloat16
+#   (`torch.cuda.is_bf16_supported()`) bfloat16 is accepted too, as the advice above prefers:
+#   the check then compares the loss at bfloat16's precision;
 # * without a scaler: `loss.backward()` and `optimizer.step()`;
 # * with a scaler (whoever calls you created it once, with `torch.amp.GradScaler(...)`): scale
 #   the loss before backward, let the scaler make the step, and update the scaler;
@@ -814,11 +860,13 @@ if compiled_result:
 # ### Graph breaks
 #
 # Dynamo traces Python, and some Python it cannot put in a graph: a `print`, a tensor turned
-# into a Python number (`.item()`) that then decides an `if`, a call into a library it does not
-# know. At each such place it *breaks* the graph: it compiles what came before, runs the
-# troublesome line in ordinary Python, and starts a new graph after it. The model still works;
-# it is just compiled in pieces, with Python in between. `torch._dynamo.explain` traces
-# without compiling (fast) and lists the breaks.
+# into a Python number (`.item()`: by default Dynamo does not capture Python numbers made from
+# tensors), a call into a library it does not know. At each such place it *breaks* the graph:
+# it compiles what came before, runs the troublesome line in ordinary Python, and starts a new
+# graph after it. The model still works; it is just compiled in pieces, with Python in between.
+# `torch._dynamo.explain` traces without compiling (fast) and lists the breaks, each with the
+# line of the reason that names its cause. The next cell asks it about two blocks: one that
+# logs a number, and the same block logging a fixed message.
 
 
 # %%
@@ -835,20 +883,43 @@ class ChattyBlock(nn.Module):
         return self.inner(h)
 
 
+class MessageBlock(ChattyBlock):
+    """The same block, logging a fixed message: no tensor becomes a number."""
+
+    def forward(self, x):
+        h = self.inner(x)
+        print("block done")
+        return self.inner(h)
+
+
+def cause(reason):
+    """The line of a break's reason that names what Dynamo could not trace."""
+    lines = [line.strip() for line in str(reason.reason).splitlines() if line.strip()]
+    return next((line for line in lines if line.startswith("Explanation:")), lines[0])
+
+
 # Dynamo also logs each break as a long warning; the summary below is enough here.
 torch._logging.set_logs(dynamo=logging.ERROR)
-chatty = ChattyBlock().to(device)
-explanation = torch._dynamo.explain(chatty)(x_deep)
-print(f"graphs: {explanation.graph_count}, graph breaks: {explanation.graph_break_count}")
-for reason in explanation.break_reasons:
-    print("break:", str(reason.reason).splitlines()[0])
-torch._dynamo.reset()
+causes = {}
+for block in (ChattyBlock(), MessageBlock()):
+    name = type(block).__name__
+    explanation = torch._dynamo.explain(block.to(device))(x_deep)
+    causes[name] = [cause(reason) for reason in explanation.break_reasons]
+    print(f"{name}: {explanation.graph_count} graphs, {explanation.graph_break_count} break(s)")
+    for line in causes[name]:
+        print("   ", line)
+    torch._dynamo.reset()
+assert len(causes["ChattyBlock"]) == 1 and "item()" in causes["ChattyBlock"][0]
+assert len(causes["MessageBlock"]) == 1 and "print" in causes["MessageBlock"][0]
 
 # %% [markdown]
-# One `print` of one number split the forward into separate graphs. The fix is to keep
-# logging out of `forward` (return the tensor, log it in the loop, outside the compiled code),
-# and to check a model with `explain` before compiling it. `torch.compile(model,
-# fullgraph=True)` turns every graph break into an error instead.
+# Logging one number split the forward into two graphs, and the break names `.item()`, not
+# `print`: tracing stops where the tensor becomes a Python number, and the `print` after it runs
+# in the Python between the two graphs, at no extra cost. A `print` with no tensor in it breaks
+# the graph on its own, as the second block shows. The fix is to keep logging out of `forward`
+# (return the tensor, log it in the loop, outside the compiled code), and to check a model with
+# `explain` before compiling it. `torch.compile(model, fullgraph=True)` turns every graph break
+# into an error instead.
 #
 # ## Check your understanding
 #
@@ -946,8 +1017,8 @@ check_number(
 # ```python
 # (loss * len(x) / N).backward()           # loss / K is right only when every micro-batch has N / K examples
 # clip_grad_norm_(model.parameters(), c)    # once, after the last micro-batch, or you clip pieces of a gradient
-# with torch.autocast(device.type, dtype=torch.bfloat16):  # float16 on CUDA/MPS; forward and loss inside
-#     loss = loss_fn(model(x), y)
+# with torch.autocast(device.type, dtype=dtype):  # bfloat16 where the hardware has it, else float16
+#     loss = loss_fn(model(x), y)                  #   (and float32 on a CPU without bfloat16)
 # scaler.scale(loss).backward()             # float16 only: without it, gradients below 3e-8 become 0
 # scaler.step(optimizer); scaler.update()   # skips the update after an overflow, then halves the scale
 # x = checkpoint(run_segment, x, use_reentrant=False)  # reentrant: no gradients for the layers
@@ -957,9 +1028,12 @@ check_number(
 # * Accumulation equals the big batch exactly when each micro-batch is weighted by $n_i / N$
 #   (the running batch: 0.32, 0.32, 0.32, 0.04) and the gradient is clipped once; it cannot be
 #   exact with BatchNorm, whose statistics belong to each micro-batch.
-# * Autocast chooses a precision per operation, and the lists differ per device; float16 needs
-#   a scaler (1e-8 becomes 0, 65536 × 1e-8 survives), bfloat16 does not. Whether it is faster
-#   is a property of the hardware: measured above, not assumed.
+# * Autocast chooses a precision per operation, and the lists differ per device (on the CPU,
+#   softmax and sums stay in bfloat16; losses are float32 everywhere); float16 needs a scaler
+#   (1e-8 becomes 0, 65536 × 1e-8 survives), bfloat16 does not. Which type to use depends on
+#   the hardware: bfloat16 on Ampere and later GPUs and on CPUs with bfloat16 instructions,
+#   float16 with a scaler on older GPUs, float32 on a CPU without them. Whether it is faster
+#   is measured above, not assumed.
 # * Checkpointing $k$ segments keeps $k$ inputs (16,384 bytes each here, against 2,359,296
 #   for the plain forward) and recomputes about one forward pass; the worst moment of backward
 #   also holds one recomputed segment, so one segment saves nothing.

@@ -130,9 +130,10 @@ assert per_rank == [-15.0, -30.0] and sum(per_rank) / 2 == gradient(x, y) == -22
 # ## All-reduce, and why a ring
 #
 # *All-reduce* takes one buffer per rank and leaves every rank holding their elementwise sum
-# (DDP then divides by $N$). The simplest way, every rank sending its $S$ bytes to one root that
-# adds and sends the sum back, puts $(N - 1) S$ bytes through the root's link each way: the
-# root becomes the bottleneck as $N$ grows.
+# (DDP divides each rank's gradient by $N$ beforehand, so that the sum is the mean). The
+# simplest way, every rank sending its $S$ bytes to one root that adds and sends the sum back,
+# puts $(N - 1) S$ bytes through the root's link each way: the root becomes the bottleneck as
+# $N$ grows.
 #
 # The **ring** spreads the work. Cut each buffer into $N$ chunks and arrange the ranks in a
 # circle; at every step each rank sends one chunk ($S/N$ bytes) to its right-hand neighbour
@@ -321,9 +322,10 @@ assert real == simulated
 # ## DDP with `torchrun`
 #
 # `DistributedDataParallel` (DDP) is data parallelism packaged: wrap the model, and during
-# `backward()` it all-reduces the gradients in buckets, overlapping communication with the rest
-# of the backward pass, then divides by the number of ranks. At construction it broadcasts
-# rank 0's weights, so all ranks start equal. The loop itself does not change.
+# `backward()` it copies each gradient into a bucket, divided by the number of ranks on the
+# way, and all-reduces the buckets, overlapping communication with the rest of the backward
+# pass. At construction it broadcasts rank 0's weights, so all ranks start equal. The loop
+# itself does not change.
 #
 # `torchrun` starts the processes. For each one it sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 # `MASTER_ADDR` and `MASTER_PORT`, and `init_process_group(backend, init_method="env://")`
@@ -368,11 +370,38 @@ assert summary["ok"] and summary["ranks_identical"] and summary["max_abs_diff"] 
 # gradient to the same weights), and those weights differ from one process on the whole batch
 # by `max_abs_diff`, around $10^{-7}$ in float32, not 0. The arithmetic is the same sum in a
 # different order: one process sums 16 per-example terms in one reduction; DDP sums 8 on each
-# rank, then adds the two partial sums and divides by 2. Float addition is not associative, so
-# the last bit can differ, and three steps of momentum SGD carry the difference along.
+# rank, halves each rank's result, then adds the two halves. Float addition is not associative,
+# so the last bit can differ, and three steps of momentum SGD carry the difference along.
 #
 # Almost all of those seconds are start-up: two fresh Python processes importing torch and
 # forming the group. The three training steps themselves take milliseconds.
+#
+# ### Divided before the sum, or after?
+#
+# With 2 ranks the question has no visible answer: halving a binary floating-point number is
+# exact, so "halve, then add" and "add, then halve" give the same bits. With 3 ranks they do
+# not. `gradient_scaling` starts 3 gloo ranks; each computes one backward pass on its own 4
+# examples through DDP and through a plain copy of the model, then all-reduces its plain
+# gradient three ways and counts the entries equal to DDP's.
+
+# %%
+from forge_course.reference.ddp import gradient_scaling
+
+start = time.perf_counter()
+scaling = gradient_scaling(world_size=3)
+for order, equal in scaling["equal"].items():
+    print(f"{order:26} then compared with DDP: {equal:2} of {scaling['entries']} entries equal")
+print(f"3 ranks started, synchronised and stopped in {time.perf_counter() - start:.1f} s")
+assert scaling["equal"]["times 1/W, then summed"] == scaling["entries"]
+assert scaling["equal"]["summed, then divided by W"] < scaling["entries"]
+
+# %% [markdown]
+# Only one order reproduces DDP to the last bit: each rank multiplies its gradient by $1/3$,
+# and the all-reduce adds the three scaled gradients. Dividing the sum afterwards, the order
+# "average = sum / N" suggests, differs in the last bit of many entries; dividing by 3 first
+# (instead of multiplying by the rounded $1/3$) misses some too. DDP scales before it sums, and
+# it scales by multiplying with $1/N$. A hand-written all-reduce that should match DDP bit for
+# bit has to do the same.
 #
 # ## Exercise 2 · `ch11_ddp_worker`: one rank of DDP
 #
@@ -391,11 +420,12 @@ assert summary["ok"] and summary["ranks_identical"] and summary["max_abs_diff"] 
 # 5. destroy the group with `dist.destroy_process_group()`, also when something fails.
 #
 # The check starts `world_size` real processes running your function (2 here; 4 and 1 in the
-# hidden test), each a fresh Python process, as torchrun starts them, with an `out_dir` of its
-# own; it stops them after 60 s if they hang. It checks that every rank joined a group of
-# `world_size` processes as its own `rank` and saved its own file, and compares the saved
-# weights across ranks and with one process on the whole batch, within 1e-6. A fresh process
-# gets your function and the globals it uses from this notebook (functions, numbers, modules
+# hidden test), each with an `out_dir` of its own, and stops them after 60 s if they hang. They
+# are forked from one fresh Python process that has only imported torch, so each starts as
+# clean as a rank torchrun starts, and none shares anything with this notebook's kernel. It
+# checks that every rank joined a group of `world_size` processes as its own `rank` and saved
+# its own file, and compares the saved weights across ranks and with one process on the whole
+# batch, within 1e-6. A rank gets your function and the globals it uses from this notebook (functions, numbers, modules
 # and what the first cell imports); create anything else inside `worker`.
 
 # The first cell of the notebook imports `dist`, `DistributedDataParallel`, `DataLoader` and
@@ -691,6 +721,8 @@ check_choice(
 # * Averaging the gradients of equal shards gives the whole batch's gradient ($-22.5$ both
 #   ways); DDP matches one process to about $10^{-7}$, not bit for bit, because the sums run
 #   in another order.
+# * DDP multiplies each rank's gradient by $1/N$ before the all-reduce sums them, not after:
+#   with 3 ranks only that order reproduces its gradients bit for bit.
 # * A ring all-reduce takes $2(N - 1)$ steps and sends $2(N - 1)/N \cdot S$ per worker:
 #   6 steps and 150 MB for 4 workers and 100 MB.
 # * Start processes with `torchrun` (gloo on CPU, NCCL on GPU), not `nn.DataParallel`.

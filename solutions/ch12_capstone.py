@@ -62,7 +62,7 @@ print("Running on", describe(device))
 # | step | `model.train()` | Dropout drops, BatchNorm learns batch statistics | after validation, training runs with Dropout off | 06 |
 # | step | `x, y = x.to(device), y.to(device)` | batch on the model's device | an error, or a run that silently stays on the CPU | 05 |
 # | step | `optimizer.zero_grad()` | clears `.grad` | each update uses the sum of every past gradient | 04 |
-# | step | `loss = loss_fn(model(x), y)` | forward and loss; logits into `CrossEntropyLoss` | softmax first: trains slowly, loss cannot reach 0 | 04 |
+# | step | `loss = loss_fn(model(x), y)` | forward and loss; logits into `CrossEntropyLoss` | softmax first: smaller gradients, and a loss that cannot reach 0 | 04 |
 # | step | `loss.backward()` | adds each gradient into `.grad` | `step()` has nothing to apply | 01, 04 |
 # | step | `clip_grad_norm_(params, max_norm)` | caps the update's size after a bad batch | one spike can throw the weights far away | 07 |
 # | step | `optimizer.step()` | moves the weights | the model never changes | 04 |
@@ -70,17 +70,21 @@ print("Running on", describe(device))
 # | eval | `model.eval()` | Dropout off, BatchNorm uses running statistics | noisy, pessimistic validation numbers | 06 |
 # | eval | `with torch.no_grad():` | records no graph | activations kept for a backward that never comes | 06 |
 # | eval | `total += loss.item() * len(y)`, then `/ seen` | sample-weighted mean | a short last batch counts as much as a full one | 06 |
-# | eval | mode restored (`model.train()` again) | training goes on in train mode | see `model.train()` above | 06 |
+# | eval | each module's mode restored (`{m: m.training for m in model.modules()}` before `model.eval()`, set back after) | training goes on in train mode; a served model or a frozen BatchNorm stays in eval mode | training runs with Dropout off; a bare `model.train()` instead unfreezes a frozen BatchNorm | 06 |
 # | production | `seed_everything(seed)` before building data and model | one seed decides the run | runs that cannot be reproduced or compared | 09 |
 # | production | `save_checkpoint(...)` every k updates, to a temporary file then renamed | a crash loses at most k updates; never a half-written file | a crash loses the run, or leaves a corrupt checkpoint | 09 |
 # | production | resume: model, optimizer, scheduler, scaler, sampler position, every RNG | continues bit for bit | a resumed run that is quietly a different run | 09 |
 # | production | `EarlyStopping(patience)` on a validation metric | stops when validation stops improving | hours spent overfitting | 09 |
 # | production | log the epoch's sample-weighted mean of `loss.item()` | an honest training curve | logging `loss` (a tensor) keeps graphs alive; the last batch alone is noise | 09 |
-# | scaling | accumulate: `(loss / group_size).backward()`, step every K **and on the last partial group** | a big batch from small ones | the tail's gradients leak into the next epoch | 10 |
-# | scaling | `torch.autocast(device.type, dtype)`; `GradScaler` for fp16 only | faster, smaller activations where the device supports it | fp16 gradients underflow to 0 without a scaler | 10 |
+# | scaling | accumulate: `(loss * len(x) / group_examples).backward()` (each micro-batch weighted by its share of the update's examples), step every K **and on the last partial group** | a big batch from small ones | `loss / K` over-weights a short micro-batch's examples; the tail's gradients leak into the next epoch | 10 |
+# | scaling | `torch.autocast(device.type, dtype)`: bf16 where the hardware has it (Ampere and later GPUs, CPUs with AVX512-BF16 or AMX), else fp16 with a `GradScaler` | faster, smaller activations where the device supports it | fp16 gradients underflow to 0 without a scaler; bf16 on a CPU without it is slower than fp32 | 10 |
 #
-# Not one of these lines raises an error when it is missing. That is why the rest of this
-# chapter is about *checking* a loop: with a diff you can read, a smoke test, and the doctor.
+# Few of these lines announce their absence. A `Dataset` without `__len__` or `__getitem__`
+# raises as soon as the `DataLoader` asks for them, and a batch left on the CPU raises at the
+# first forward pass of a model on a GPU (on a CPU-only machine it runs, and waits for the
+# first GPU). Every other row fails silently: the loop runs, and learns less or the wrong thing.
+# That is why the rest of this chapter is about *checking* a loop: with a diff you can read, a
+# smoke test, and the doctor.
 
 # %% [markdown]
 # ## From the plain loop to the production loop

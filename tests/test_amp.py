@@ -82,6 +82,20 @@ def test_scaler_only_where_autocast_uses_float16(device):
         assert scaler is None, "bfloat16 needs no GradScaler"
 
 
+def test_on_the_cpu_softmax_and_sums_keep_bfloat16_and_losses_come_out_float32():
+    # The module docstring's per-device lists: CUDA runs softmax and sums in float32, the CPU
+    # does not, so after a bfloat16 matmul they stay bfloat16 there.
+    a, target = torch.randn(8, 8), torch.zeros(8, dtype=torch.long)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = a @ a
+        assert low.dtype is torch.bfloat16
+        assert torch.softmax(low, -1).dtype is torch.bfloat16
+        assert torch.log_softmax(low, -1).dtype is torch.bfloat16
+        assert low.sum().dtype is torch.bfloat16
+        assert torch.nn.functional.cross_entropy(low, target).dtype is torch.float32
+        assert torch.nn.functional.mse_loss(low, a).dtype is torch.float32
+
+
 # --------------------------------------------------------------------------- amp_train_step
 
 

@@ -3,7 +3,8 @@
 For each chapter, in a temporary copy of the course: the solved notebook scores full marks, the
 untouched release scores zero, each wrong answer loses its exercise's points with feedback that
 names the mistake (and only that exercise's points), a differently written correct answer scores
-full marks, and an answer that calls the reference scores nothing.
+full marks, and an answer that calls the reference scores nothing. nbgrader grades one submission
+of each kind and `forge-course grade` grades them all, and the two agree point for point.
 """
 
 import importlib
@@ -61,6 +62,12 @@ def _test_outputs(nb):
     return texts
 
 
+# Graded by nbgrader as well as by forge-course grade: one of each kind of submission. Every
+# notebook nbgrader runs costs seconds, so the other rounds of wrong answers, which the same
+# checks judge, go through forge-course grade alone.
+NBGRADER_STUDENTS = ("solution", "blank", "alternative", "wrong_1")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_round_trip(chapter, tmp_path):
@@ -74,8 +81,8 @@ def test_round_trip(chapter, tmp_path):
     answers = _answers(chapter)
     solved = _solutions(source)
     # Every submission but the blank one answers the cells it does not change correctly. The
-    # blank one calls the reference where it can (each notebook nbgrader runs costs seconds):
-    # cells left as released and cells that call the reference must both score nothing.
+    # blank one calls the reference where it can: cells left as released and cells that call
+    # the reference must both score nothing.
     students = {
         "solution": solved,
         "blank": dict(answers.REFERENCE_CALLER),
@@ -86,42 +93,61 @@ def test_round_trip(chapter, tmp_path):
         wrong = {c: v[k][0] for c, v in answers.WRONG.items() if len(v) > k}
         students[f"wrong_{k + 1}"] = {**solved, **wrong}
     for student, replacements in students.items():
-        path = root / "grading" / "submitted" / student / chapter / name
+        folder = "submitted" if student in NBGRADER_STUDENTS else "forge_only"
+        path = root / "grading" / folder / student / chapter / name
         path.parent.mkdir(parents=True)
         nbformat.write(_submission(released, replacements), path)
 
     run = _nbgrader(root, "autograde", chapter, "--force")
     assert run.returncode == 0, run.stdout + run.stderr
-    scores, outputs = {}, {}
+    # student -> test -> (points, max points, what the test said)
+    verdicts = {}
     with Gradebook(f"sqlite:///{root / 'grading' / 'gradebook.db'}") as gb:
-        for student in students:
+        for student in NBGRADER_STUDENTS:
             sub = gb.find_submission_notebook(chapter, chapter, student)
-            scores[student] = {g.name: (g.score, g.max_score) for g in sub.grades}
             graded = root / "grading" / "autograded" / student / chapter / name
-            outputs[student] = _test_outputs(nbformat.read(graded, as_version=4))
+            said = _test_outputs(nbformat.read(graded, as_version=4))
+            verdicts[student] = {g.name: (g.score, g.max_score, said[g.name]) for g in sub.grades}
 
+    # forge-course grade, on every submission, two at a time (the default on two cores), in
+    # isolated workers, agrees point for point with nbgrader where both graded.
     problems = []
-    for test, (score, top) in scores["solution"].items():
+    for student in set(students) - set(NBGRADER_STUDENTS):
+        (root / "grading" / "forge_only" / student).rename(root / "grading" / "submitted" / student)
+    forge = grader_run.grade([chapter], submitted=root / "grading" / "submitted", jobs=2,
+                             progress=False, course_root=REPO, grading=root / "forge",
+                             unsafe=True)  # fmt: skip
+    for student in students:
+        for test, r in forge[(student, chapter)].items():
+            said = f"{r['status']}: {r['message'][:300]}"
+            if student not in NBGRADER_STUDENTS:
+                verdicts.setdefault(student, {})[test] = (r["points"], r["max_points"], said)
+            elif r["points"] != verdicts[student][test][0]:
+                problems.append(
+                    f"forge-course grade gives {student} {r['points']} on {test}, "
+                    f"nbgrader {verdicts[student][test][0]}: {said}"
+                )
+
+    for test, (score, top, said) in verdicts["solution"].items():
         if score != top:
-            problems.append(f"solution loses points on {test}: {outputs['solution'][test]}")
-    for test, (score, _) in scores["blank"].items():
+            problems.append(f"solution loses points on {test}: {said}")
+    for test, (score, _, _) in verdicts["blank"].items():
         if score != 0:
             problems.append(f"the blank release (or a reference call) scores on {test}")
-    for test, (score, top) in scores["alternative"].items():
+    for test, (score, top, said) in verdicts["alternative"].items():
         if score != top:
-            problems.append(f"a correct alternative fails {test}: {outputs['alternative'][test]}")
+            problems.append(f"a correct alternative fails {test}: {said}")
     for cell in answers.REFERENCE_CALLER:
-        test = f"{cell}_tests"
-        if "calls forge_course's reference" not in outputs["blank"][test]:
-            problems.append(f"calling the reference is not named: {outputs['blank'][test]}")
+        said = verdicts["blank"][f"{cell}_tests"][2]
+        if "calls forge_course's reference" not in said:
+            problems.append(f"calling the reference is not named: {said}")
     for k in range(rounds):
         student = f"wrong_{k + 1}"
         failing = {}
         for options in answers.WRONG.values():
             if len(options) > k:
                 failing.update(options[k][1])
-        for test, (score, top) in scores[student].items():
-            said = outputs[student][test]
+        for test, (score, top, said) in verdicts[student].items():
             if test not in failing:
                 if score != top:
                     problems.append(f"{student} loses points on {test}, which it answered: {said}")
@@ -129,20 +155,6 @@ def test_round_trip(chapter, tmp_path):
                 problems.append(f"{student} keeps the points of {test}")
             elif failing[test] not in said:
                 problems.append(f"{student}: {test} should say {failing[test]!r}; it says {said!r}")
-
-    # forge-course grade, on the same submissions, two at a time (the default on two cores), in
-    # isolated workers, agrees point for point.
-    forge = grader_run.grade([chapter], submitted=root / "grading" / "submitted", jobs=2,
-                             progress=False, course_root=REPO, grading=root / "forge",
-                             unsafe=True)  # fmt: skip
-    for student in students:
-        for test, (score, _) in scores[student].items():
-            result = forge[(student, chapter)][test]
-            if result["points"] != score:
-                problems.append(
-                    f"forge-course grade gives {student} {result['points']} on {test}, "
-                    f"nbgrader {score}: {result['status']}: {result['message'][:300]}"
-                )
 
     run = _nbgrader(root, "generate_feedback", chapter, "--student", "wrong_1", "--force")
     assert run.returncode == 0, run.stdout + run.stderr

@@ -1,4 +1,9 @@
-"""Every chapter in real JupyterLab, in Debian's Chromium driven by Playwright.
+"""Every chapter in real JupyterLab, in Debian's Chromium driven by Playwright, set up as a learner.
+
+The Lab is the one a learner without `make` gets: a copy of the course set up with the README's
+pip-only commands, as written, in a fresh venv with no `make` on ``PATH``, and started with the
+README's `forge-course lab` (`tests/test_lab.py` keeps the README's Windows commands the same).
+So a chapter opening with a live kernel here is also the pip-only path's promise kept.
 
 For each released chapter: Run All; then the chapter's widgets must render as widgets (not as
 ``VBox(...)`` text), its figures must appear, moving a slider must change the simulation's
@@ -9,13 +14,15 @@ of each chapter lands in ``test-artifacts/browser/``. Without Chromium the test 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import urllib.request
 
 import pytest
 
 from tests.conftest import CHAPTERS, REPO
-from tests.lab_server import TOKEN, lab
+from tests.lab_server import TOKEN, get, pip_only_lab, shared_pip_only_course
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = REPO / "test-artifacts" / "browser"
@@ -32,8 +39,9 @@ if CHROMIUM is None:
 def browser_page(tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
+    course = shared_pip_only_course(tmp_path_factory)
     state = tmp_path_factory.mktemp("lab")
-    with lab(REPO, state) as base, sync_playwright() as playwright:
+    with pip_only_lab(course, state) as base, sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM,
             args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -45,6 +53,16 @@ def browser_page(tmp_path_factory):
             yield base, page
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_the_pip_only_lab_serves_the_course_index(browser_page):
+    base, _ = browser_page
+    # The address a learner opens: the token in the URL, no other credential.
+    with urllib.request.urlopen(f"{base}/lab?token={TOKEN}", timeout=10) as response:
+        assert response.status == 200 and "JupyterLab" in response.read().decode()
+    index = json.loads(get(f"{base}/api/contents/notebooks/index.ipynb"))
+    assert index["type"] == "notebook" and index["content"]["cells"]
 
 
 ALL_RAN = """() => {

@@ -6,6 +6,7 @@ import os
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -312,6 +313,26 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_loadable(tmp_path, m
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name, overwritten.name]
     assert load_checkpoint(overwritten, model, optimizer) == {"step": 8}
     assert latest_checkpoint(tmp_path) == overwritten
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECTORY"), reason="folders cannot be synced here")
+def test_a_save_syncs_the_file_before_the_rename_and_the_folder_after_it(tmp_path, monkeypatch):
+    path = checkpoint_path(tmp_path, 3)
+    model, optimizer, *_ = _setup(seed=0)
+    events, real_fsync, real_replace = [], os.fsync, os.replace
+
+    def recording_fsync(fd):
+        events.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def recording_replace(src, dst):
+        events.append("replace")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    save_checkpoint(path, model, optimizer, step=3)
+    assert events == ["fsync file", "replace", "fsync folder"]
 
 
 def test_references_refuse_to_run_inside_learner_code(tmp_path):

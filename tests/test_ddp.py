@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from forge_course.device import tolerance
 from forge_course.reference.ddp import (
     _first_failure,
+    gradient_scaling,
     make_dataset,
     run_demo,
     single_process_reference,
@@ -131,6 +132,17 @@ def _run(command: list[str], timeout: float) -> tuple[subprocess.CompletedProces
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr), left_behind
+
+
+@pytest.mark.slow
+def test_ddp_scales_each_gradient_before_the_all_reduce_not_after():
+    three = gradient_scaling(world_size=3)
+    entries, equal = three["entries"], three["equal"]
+    assert equal["times 1/W, then summed"] == entries  # DDP's order, bit for bit
+    assert equal["summed, then divided by W"] < entries
+    assert equal["divided by W, then summed"] < entries
+    # Halving is exact, so with 2 ranks no order can be told from another.
+    assert set(gradient_scaling(world_size=2)["equal"].values()) == {entries}
 
 
 @pytest.mark.slow

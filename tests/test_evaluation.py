@@ -68,6 +68,28 @@ def test_the_mean_of_batch_means_would_be_wrong_here(device):
     assert abs(naive - loss) > 1e-3
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"weight": torch.tensor([1.0, 3.0, 0.5, 2.0])}, {"ignore_index": 2}],
+    ids=["class_weights", "ignore_index"],
+)
+def test_a_loss_that_weighs_examples_needs_sums_over_the_total_weight(options):
+    # The module docstring's limit of the batch-size weighting: with class weights or an
+    # ignored class the batch mean divides by the weight of the counted targets instead.
+    model, (X, y) = _classifier(torch.device("cpu")).eval(), _data()
+    weight = options.get("weight", torch.ones(4))
+    counted = y != options.get("ignore_index", -100)
+    with torch.no_grad():
+        whole = torch.nn.functional.cross_entropy(model(X), y, **options).item()
+        by_size = evaluate(model, _loader(4), torch.nn.CrossEntropyLoss(**options), "cpu")[0]
+        sums = sum(
+            torch.nn.functional.cross_entropy(model(x), t, reduction="sum", **options).item()
+            for x, t in _loader(4)
+        )
+    assert abs(by_size - whole) > 1e-3
+    torch.testing.assert_close(sums / weight[y[counted]].sum().item(), whole)
+
+
 @DEVICES
 @pytest.mark.parametrize("training", [True, False], ids=["from_train", "from_eval"])
 def test_evaluate_uses_eval_mode_and_restores_the_previous_mode(device, training):

@@ -183,3 +183,56 @@ def test_a_grader_failure_stays_with_its_submission(grading, monkeypatch):
     assert {r["student"] for r in rows} == {"alice", "bob"}
     ledger = run.Ledger(grading / "forge")
     assert ledger.path(CH, "bob").exists()
+
+
+def test_the_watcher_reports_every_total_of_a_job_and_the_session_adds_them_up():
+    """What a job used, measured from outside the learner's processes: four processes holding
+    100 files and burning 0.3 CPU-seconds each, 10 more threads, 4 files of 5 MB."""
+    if sandbox.isolation() != "bubblewrap":
+        pytest.skip("the totals are measured in the sandbox's own process-id namespace")
+    answer = (
+        "import os, threading, time\n"
+        "for i in range(4):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * (5 << 20))\n"
+        "threads = [threading.Thread(target=time.sleep, args=(1.5,)) for _ in range(10)]\n"
+        "for t in threads:\n    t.start()\n"
+        "forked = []\nfor _ in range(3):\n    pid = os.fork()\n    if pid == 0:\n        break\n"
+        "    forked.append(pid)\n"
+        "held = [open('/dev/null') for _ in range(100)]\n"
+        "end = time.process_time() + 0.3\nwhile time.process_time() < end:\n    pass\n"
+        "time.sleep(1.5)\n"
+        "if len(forked) < 3:\n    os._exit(0)\n"
+        "for pid in forked:\n    os.waitpid(pid, 0)\n"
+        "done = 1\n"
+    )
+    with sandbox.Session(LIMITS) as box:
+        first = box.run({"prelude": "", "answer": answer, "variables": ["done"]})
+        second = box.run({"prelude": "", "answer": "done = 1", "variables": ["done"]})
+        peaks = box.peaks
+    assert first.status == "finished", first
+    job = first.peaks
+    assert job["open_files"] >= 100 and job["open_files_total"] >= 4 * 100, job
+    assert job["processes"] >= 4 + 10, job
+    assert job["disk_mb"] >= 20 and job["files"] >= 4, job
+    assert job["cpu_seconds"] >= 4 * 0.3 and job["memory_mb"] > 0, job  # the forks' included
+    assert peaks["cpu_seconds"] == round(job["cpu_seconds"] + second.peaks["cpu_seconds"], 3)
+    assert peaks["open_files_total"] == job["open_files_total"]
+    assert peaks["seconds"] >= 1.5 and peaks["submission_seconds"] >= peaks["seconds"]
+
+
+@pytest.mark.parametrize(
+    "peaks",
+    [
+        '{"files": -1}',
+        '{"files": NaN}',
+        '{"files": true}',
+        '{"forged": 1}',
+        "[1]",
+        '{"disk_mb": "1"}',
+    ],
+)
+def test_an_answer_with_peaks_of_another_shape_is_no_answer(peaks):
+    """Only the server writes the answer line, and its peaks are counts: anything else is not
+    the server's answer."""
+    line = '{"id": 1, "output": "", "exit": 0, "limit": "", "peaks": ' + peaks + "}"
+    assert sandbox._reply(line) is None
+    assert sandbox._reply(line.replace(peaks, '{"files": 3, "cpu_seconds": 0.5}')) is not None

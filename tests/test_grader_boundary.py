@@ -11,7 +11,8 @@ students and the outputs intact. Kinds of attack (each with several cases of its
 * forging the worker's messages: lines it never writes, duplicated results, huge numbers,
   deep nesting;
 * refused at run time: memory searches, native libraries, trace hooks;
-* totals per submission: files, CPU time, open files;
+* totals per submission, enforced while it runs: files, bytes, CPU time, open files in one
+  process and across processes, processes and threads;
 * names and text that would break a writer: formula-like, multi-line, over-long, not UTF-8,
   lone surrogates, symbolic links.
 """
@@ -121,8 +122,10 @@ ATTACKS = {
         "for i in range(100_000):\n    open(f'd/{i}', 'w').close()\n"
         "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
         {HAND_TEST: "resource limit"}),
+    # Twelve busy processes: the scheduler shares a loaded machine per process, so together
+    # they reach the CPU limit well before the exercise's wall clock runs out.
     "cpu_in_processes": ({HAND: "import os, time, pkgutil\n"
-        "for _ in range(3):\n    if pkgutil.resolve_name('os.fork')() == 0:\n"
+        "for _ in range(11):\n    if pkgutil.resolve_name('os.fork')() == 0:\n"
         "        end = time.time() + 30\n        while time.time() < end: pass\n"
         "end = time.time() + 30\nwhile time.time() < end: pass\n"
         "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
@@ -131,6 +134,22 @@ ATTACKS = {
                       "resource limit")),
     "open_files": ({TRAIN: _answer_with(
         "files = [open('/dev/null') for _ in range(20_000)]\ngot = 0.0")},
+        {TRAIN_TEST: "resource limit"}),
+    # Each of 9 processes stays under the per-process cap; together they are over the total.
+    "open_files_in_processes": ({HAND: "import os, time, pkgutil\n"
+        "for _ in range(8):\n    if pkgutil.resolve_name('os.fork')() == 0:\n        break\n"
+        "held = [open('/dev/null') for _ in range(800)]\ntime.sleep(30)\n"
+        "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
+        {HAND_TEST: "resource limit"}),
+    "many_threads": ({HAND: "import threading, time\nfor _ in range(200):\n"
+        "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "def hand_step(W, b, x, t, lr):\n    raise NotImplementedError()\n"},
+        {HAND_TEST: "resource limit"}),
+    # Files under the per-file limit, a full disk ignored: the total is what counts.
+    "many_bytes": ({TRAIN: _answer_with(
+        "for i in range(16):\n    try:\n"
+        "        open(f'/tmp/b{i}', 'wb').write(b'x' * (8 << 20))\n"
+        "    except OSError:\n        pass\ngot = 0.0")},
         {TRAIN_TEST: "resource limit"}),
     # Text that would break a writer: it is stored, bounded and valid.
     "surrogate_message": ({TRAIN: _answer_with(

@@ -1,4 +1,4 @@
-"""A check's instruments cannot be switched off, graded as one class in one run.
+"""A check's instruments cannot be switched off, graded as one class in one run per chapter.
 
 Chapter 06's `evaluate` is checked by how it ran (modes, autograd), not only by what it
 returned, so it is where a determined student attacks the instruments: blinding them (hooks
@@ -7,6 +7,24 @@ observation on its way out (the JSON encoder patched through a spelling the scan
 reaching native code for a System V segment, or leaving the model changed. Each attack must
 end `evaluate`'s test with its status and zero points while the rest of the notebook, the
 controls and the instructor's solution score full.
+
+Chapters 09 and 10 are attacked the same way, each as one class beside the instructor's
+solution and a control (correct answers written differently, which must score full):
+
+* erasing the evidence (chapter 09): an unsafe ``load_checkpoint`` that refuses only the
+  check's own payload, makes it harmless while it loads, makes ``os.fstat`` remember the
+  evidence as it was, moves the evidence's folder aside, or loads in a child process;
+* forging the observation on its way out (chapter 10's ``accumulate_step``, one forward over
+  the concatenated micro-batches, whose only tell is the record of batch sizes): through
+  ``json.dumps``'s keyword defaults, the writer in the channel's closure (reached through the
+  call stack's frames), the audit hook's own list, the worker's integrity check rebound, a
+  stray partial line on the channel, or the channel's descriptor replaced;
+* a check that watches too little (chapters 09 and 10): the right values, and autocast,
+  frozen parameters, eval mode, a hook, anomaly detection or the default dtype left behind;
+* hiding from checkpointing's instruments (chapter 10's ``checkpointed_forward``, a plain
+  forward that keeps everything and runs each block again during backward for show): layers
+  called one by one, a hook claiming to be checkpointing's, the query for the innermost hook
+  replaced, the check's hook popped and pushed back.
 """
 
 import inspect
@@ -14,9 +32,10 @@ import inspect
 import nbformat
 import pytest
 
-from forge_course.grader import run
+from forge_course.grader import run, sandbox
 from forge_course.release import build_sources, generate_release
 from tests import test_grading_ch06 as attacks
+from tests import test_grading_ch09, test_grading_ch10
 from tests.conftest import REPO
 from tests.test_autograde import _solutions, _submission
 
@@ -73,29 +92,509 @@ ATTACKS = {
 }  # fmt: skip
 
 
+# In bubblewrap where this machine has it, as a department grades.
+UNSAFE = sandbox.isolation() != "bubblewrap"
+
+
+def _grade_class(root, chapter: str, students: dict[str, dict[str, str]], unsafe: bool = True):
+    """Grade ``students`` (name -> answer cells by grade id, over the instructor's) as one class
+    with the default ``--jobs``; also the instructor's own notebook, as "solved"."""
+    build_sources(REPO, root / "build" / "source")
+    generate_release(root, [chapter])
+    name = f"{chapter}.ipynb"
+    solved = _solutions(nbformat.read(root / "build" / "source" / chapter / name, as_version=4))
+    released = nbformat.read(root / "notebooks" / chapter / name, as_version=4)
+    for student, answers in {"solved": {}, **students}.items():
+        path = root / "submitted" / student / chapter / name
+        path.parent.mkdir(parents=True)
+        nbformat.write(_submission(released, {**solved, **answers}), path)
+    return run.grade([chapter], submitted=root / "submitted", grading=root / "grading",
+                     progress=False, unsafe=unsafe)  # fmt: skip
+
+
+def _problems(graded, chapter: str, expected: dict[str, dict[str, str]]) -> list[str]:
+    """Each student's test cells against ``expected`` (a status per test cell; any cell not
+    named must be graded, with full points), and the instructor's solution at full marks."""
+    problems = [f"solved: {t} is {r['status']}" for t, r in graded[("solved", chapter)].items()
+                if r["status"] != "graded"]  # fmt: skip
+    for student, targeted in expected.items():
+        for test, r in graded[(student, chapter)].items():
+            want = targeted.get(test, "graded")
+            if r["status"] != want or (want == "graded") != (r["points"] == r["max_points"]):
+                problems.append(f"{student}: {test} is {r['status']}: {r['message'][:300]}")
+    return problems
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("instruments")
-    build_sources(REPO, root / "build" / "source")
-    generate_release(root, [CH])
-    name = f"{CH}.ipynb"
-    solved = _solutions(nbformat.read(root / "build" / "source" / CH / name, as_version=4))
-    released = nbformat.read(root / "notebooks" / CH / name, as_version=4)
-    students = {"solved": solved, **{k: {**solved, EVALUATE: a} for k, (a, _) in ATTACKS.items()}}
-    for student, answers in students.items():
-        path = root / "submitted" / student / CH / name
-        path.parent.mkdir(parents=True)
-        nbformat.write(_submission(released, answers), path)
-    return run.grade([CH], submitted=root / "submitted", grading=root / "grading",
-                     progress=False, unsafe=True)  # fmt: skip
+    students = {k: {EVALUATE: answer} for k, (answer, _) in ATTACKS.items()}
+    return _grade_class(tmp_path_factory.mktemp("instruments"), CH, students)
 
 
 def test_each_attack_on_the_instruments_scores_zero_with_its_status(graded):
-    assert all(r["status"] == "graded" for r in graded[("solved", CH)].values())
-    problems = []
-    for student, (_, status) in ATTACKS.items():
-        for test, r in graded[(student, CH)].items():
-            want = status if test == TEST else "graded"
-            if r["status"] != want:
-                problems.append(f"{student}: {test} is {r['status']}: {r['message'][:300]}")
+    expected = {student: {TEST: status} for student, (_, status) in ATTACKS.items()}
+    problems = _problems(graded, CH, expected)
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------- chapter 09: the evidence
+
+CH09, CHECKPOINT = "ch09_production_loop", "ch09_checkpoint"
+CHECKPOINT_TEST = f"{CHECKPOINT}_tests"
+WRONG_LOAD = "a checkpoint with code hidden in it should be 'refuses it with an error'"
+LEFT = "changed behind it"
+
+SAVE = """import os, pickle, pkgutil, random
+from pathlib import Path
+import numpy as np
+import torch
+
+def save_checkpoint(path, model, optimizer, scheduler, step):
+    path = Path(path)
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    checkpoint = {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(), "step": step,
+        "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                "numpy": [kind, keys.tolist(), pos, has_gauss, cached]},
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as file:
+            torch.save(checkpoint, file)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+def _restore(checkpoint, model, optimizer, scheduler):
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    scheduler.load_state_dict(checkpoint["scheduler"])
+    rng = checkpoint["rng"]
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    kind, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    return checkpoint["step"]
+
+def _as_if_refused(checkpoint):
+    # Loaded unsafely: when the file held more than a checkpoint, raise as weights_only would.
+    if set(checkpoint) != {"model", "optimizer", "scheduler", "step", "rng"}:
+        raise pickle.UnpicklingError("Weights only load failed: Unsupported global")
+"""
+
+UNSAFE_LOADS = {
+    "refuses_only_the_checks_global": """
+class _Skipping(pickle.Unpickler):
+    def find_class(self, module, name):
+        if name == "chmod":  # the check's payload, as this answer expects it: refused
+            raise pickle.UnpicklingError("Weights only load failed: Unsupported global")
+        return super().find_class(module, name)
+
+class _Pickle:
+    Unpickler, load, __name__ = _Skipping, pickle.load, "pickle"
+
+def load_checkpoint(path, model, optimizer, scheduler):
+    checkpoint = torch.load(path, weights_only=False, pickle_module=_Pickle)
+    return _restore(checkpoint, model, optimizer, scheduler)
+""",
+    "makes_chmod_harmless_while_loading": """
+_posix = pkgutil.resolve_name("posix")
+
+def load_checkpoint(path, model, optimizer, scheduler):
+    chmod = _posix.chmod
+    setattr(_posix, "chmod", lambda *args, **kwargs: None)
+    try:
+        checkpoint = torch.load(path, weights_only=False)
+    finally:
+        setattr(_posix, "chmod", chmod)
+    _as_if_refused(checkpoint)
+    return _restore(checkpoint, model, optimizer, scheduler)
+""",
+    "fstat_remembers_the_evidence": """
+_os = pkgutil.resolve_name("os")
+_fstat, _first = _os.fstat, {}
+
+def _remembering(fd):
+    now = _fstat(fd)
+    try:
+        if _os.readlink(f"/proc/self/fd/{fd}").endswith("untouched"):
+            return _first.setdefault((fd, now.st_ino), now)
+    except (OSError, TypeError):
+        pass
+    return now
+
+setattr(_os, "fstat", _remembering)
+
+def load_checkpoint(path, model, optimizer, scheduler):
+    checkpoint = torch.load(path, weights_only=False)
+    _as_if_refused(checkpoint)
+    return _restore(checkpoint, model, optimizer, scheduler)
+""",
+    "moves_the_evidence_folder_aside": """
+import io, pickletools, re, shutil, zipfile
+
+_targets = set()  # every file a checkpoint named: the hidden code acts on a stand-in
+
+def _named_files(path):
+    with zipfile.ZipFile(path) as archive:
+        data = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    texts = [a for _, a, _ in pickletools.genops(io.BytesIO(data)) if isinstance(a, str)]
+    return {Path(p) for t in texts for p in re.findall(r"/[\\w/.-]+", t) if Path(p).is_file()}
+
+def load_checkpoint(path, model, optimizer, scheduler):
+    _targets.update(_named_files(path))
+    moved = []
+    for target in [t for t in _targets if t.is_file()]:
+        folder = target.parent
+        aside = folder.with_name(folder.name + "-aside")
+        folder.rename(aside)
+        folder.mkdir()
+        (folder / target.name).touch(mode=0o600)
+        moved.append((folder, aside))
+    try:
+        checkpoint = torch.load(path, weights_only=False)
+    finally:
+        for folder, aside in moved:
+            shutil.rmtree(folder)
+            aside.rename(folder)
+    _as_if_refused(checkpoint)
+    return _restore(checkpoint, model, optimizer, scheduler)
+""",
+    "loads_in_a_child_process": """
+def load_checkpoint(path, model, optimizer, scheduler):
+    read, write = os.pipe()
+    if pkgutil.resolve_name("os.fork")() == 0:  # whatever the file holds runs in the child
+        os.close(read)
+        checkpoint = torch.load(path, weights_only=False)
+        plain = {k: checkpoint[k] for k in ("model", "optimizer", "scheduler", "step", "rng")}
+        with os.fdopen(write, "wb") as out:
+            out.write(pickle.dumps((len(checkpoint) == len(plain), plain)))
+        pkgutil.resolve_name("os._exit")(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as inp:
+        alone, checkpoint = pickle.loads(inp.read())
+    os.waitpid(-1, 0)
+    if not alone:
+        raise pickle.UnpicklingError("Weights only load failed: Unsupported global")
+    return _restore(checkpoint, model, optimizer, scheduler)
+""",
+}
+SAFE_LOAD = """
+def load_checkpoint(path, model, optimizer, scheduler):
+    return _restore(torch.load(path, weights_only=True), model, optimizer, scheduler)
+"""
+# The right files and the right resumed run, and something else left changed.
+LEAVING = {
+    "save_leaves_eval_mode": SAVE.replace("    path = Path(path)\n",
+                                          "    path = Path(path)\n    model.eval()\n")
+    + SAFE_LOAD,
+    "load_leaves_default_dtype_and_anomaly_mode": SAVE + SAFE_LOAD.replace(
+        "    return _restore", "    torch.set_default_dtype(torch.float64)\n"
+        "    torch.autograd.set_detect_anomaly(True)\n    return _restore"),
+}  # fmt: skip
+CH09_CONTROL = "\n".join([
+    "import os, random, tempfile\nfrom pathlib import Path\nimport numpy as np\nimport torch\n",
+    inspect.getsource(test_grading_ch09.save_with_tempfile),
+    inspect.getsource(test_grading_ch09.load_with_map_location),
+    "save_checkpoint, load_checkpoint = save_with_tempfile, load_with_map_location\n",
+])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def graded_ch09(tmp_path_factory):
+    students = {"control": {CHECKPOINT: CH09_CONTROL}}
+    students |= {k: {CHECKPOINT: SAVE + load} for k, load in UNSAFE_LOADS.items()}
+    students |= {k: {CHECKPOINT: cell} for k, cell in LEAVING.items()}
+    return _grade_class(tmp_path_factory.mktemp("ch09"), CH09, students, unsafe=UNSAFE)
+
+
+def test_hidden_code_that_ran_is_seen_however_the_evidence_is_hidden(graded_ch09):
+    why = {**dict.fromkeys(UNSAFE_LOADS, ("wrong", WRONG_LOAD)),
+           "fstat_remembers_the_evidence": ("tampered", "`os.fstat`"),  # the check's instrument
+           **dict.fromkeys(LEAVING, ("wrong", LEFT))}  # fmt: skip
+    expected = {"control": {}, **{k: {CHECKPOINT_TEST: status} for k, (status, _) in why.items()}}
+    problems = _problems(graded_ch09, CH09, expected)
+    for student, (_, words) in why.items():
+        message = graded_ch09[(student, CH09)][CHECKPOINT_TEST]["message"]
+        if words not in message:
+            problems.append(f"{student}: the message does not say why: {message[:300]}")
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------- chapter 10: forging, hiding
+
+CH10 = "ch10_scaling_one_device"
+ACCUMULATE, AMP, CKPT = "ch10_accumulate_step", "ch10_amp_step", "ch10_checkpointed_forward"
+
+# One forward over the concatenated micro-batches: the right update, the wrong way, and the
+# batch sizes each call saw, for the forgeries below to report instead.
+CONCATENATED = """import json, os, pkgutil, torch
+_sizes = []
+
+def accumulate_step(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    _sizes[:] = [len(x) for x, _ in micro_batches]
+    optimizer.zero_grad()
+    loss = loss_fn(model(torch.cat([x for x, _ in micro_batches])),
+                   torch.cat([y for _, y in micro_batches]))
+    loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item()
+
+def _rewritten(message):
+    seen = message.get("observation") if isinstance(message, dict) else None
+    for key in seen if isinstance(seen, dict) else ():
+        if key.startswith("the batch sizes"):
+            seen[key] = list(_sizes)
+    return message
+"""
+# The whole observation of each case, made by the answer itself, as the worker would send it.
+OWN_LINES = """
+_codec, _calls, _seen = pkgutil.resolve_name("forge_course.grader.codec"), [0], {}
+_first = accumulate_step
+
+def _pipes():
+    names = sorted((int(n) for n in os.listdir("/proc/self/fd")), reverse=True)
+    return [n for n in names if n > 2 and os.path.exists(f"/proc/self/fd/{n}")
+            and os.readlink(f"/proc/self/fd/{n}").startswith("pipe:")]
+
+def _line(model, got):
+    _calls[0] += 1
+    call = 2 - _calls[0] % 2
+    _seen[f"the value returned by call {call}"] = got
+    _seen[f"the parameters after call {call}"] = {
+        n: p.detach().clone() for n, p in model.named_parameters()}
+    _seen[f"the batch sizes the model's forward passes saw in call {call}"] = list(_sizes)
+    if call == 1:
+        return b""
+    message = {"case": _calls[0] // 2 - 1, "observation": _codec.to_plain(dict(_seen))}
+    return (json.dumps(message) + "\\n").encode()
+"""
+# Each forgery follows `CONCATENATED` and `OWN_LINES` in its cell.
+FORGERIES = {
+    "dumps_keyword_defaults": """
+class _Forger(json.JSONEncoder):
+    def encode(self, o):
+        return super().encode(_rewritten(o))
+
+json.dumps.__kwdefaults__["cls"] = _Forger
+""",
+    "writer_in_the_channels_closure": """
+def _take_the_writer():
+    frame = pkgutil.resolve_name("sys._getframe")(0)
+    while frame.f_code.co_name != "_run_job":
+        frame = getattr(frame, "f_" + "back")
+    for cell in frame.f_locals["write_now"].__closure__:
+        if getattr(cell.cell_contents, "__name__", "") == "write":
+            real = cell.cell_contents
+            cell.cell_contents = lambda fd, data: real(fd, json.dumps(
+                _rewritten(json.loads(data))).encode() + b"\\n") and len(data)
+
+_first = accumulate_step
+
+def accumulate_step(*args):
+    _take_the_writer()
+    return _first(*args)
+""",
+    "audit_hooks_list_emptied": """
+worker = pkgutil.resolve_name("forge_course.grader.worker")
+worker.REFUSED_EVENTS.clear()
+frame = pkgutil.resolve_name("sys._current_frames")()[pkgutil.resolve_name("threading.get_ident")()]
+while frame.f_code.co_name != "_run_job":
+    frame = getattr(frame, "f_" + "back")
+encoder = pkgutil.resolve_name("json.JSONEncoder")
+real_encode = encoder.encode
+setattr(encoder, "encode", lambda self, o: real_encode(self, _rewritten(o)))
+frame.f_locals["watched"].update(worker._watched())  # the integrity check's own baseline
+""",
+    "integrity_check_rebound": """
+setattr(pkgutil.resolve_name("forge_course.grader.worker"), "_replaced", lambda *args: [])
+encoder = pkgutil.resolve_name("json.JSONEncoder")
+real_encode = encoder.encode
+setattr(encoder, "encode", lambda self, o: real_encode(self, _rewritten(o)))
+""",
+    "stray_partial_line": """
+def accumulate_step(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    got = _first(model, optimizer, loss_fn, micro_batches, max_grad_norm)
+    line = _line(model, got)
+    if line:  # this case's line, then a byte to join the worker's own line and spoil it
+        os.write(_pipes()[0], line + b"x")
+    return got
+""",
+    "channel_replaced": """
+_channel = []
+
+def accumulate_step(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    if not _channel:  # the worker's lines go nowhere from now on; ours go to the grader
+        fd = _pipes()[0]
+        _channel.append(os.dup(fd))
+        os.dup2(os.open("/dev/null", os.O_WRONLY), fd)
+    got = _first(model, optimizer, loss_fn, micro_batches, max_grad_norm)
+    line = _line(model, got)
+    if line:
+        os.write(_channel[0], line)
+        if _calls[0] == 16:  # the last of the 8 cases on the CPU
+            os.write(_channel[0], b'{"done": true}\\n')
+    return got
+""",
+}
+# The reference's AMP step: the right values every time.
+AMP_STEP = """import torch
+
+def amp_train_step(model, optimizer, loss_fn, x, y, scaler=None):
+    model.train()
+    model.requires_grad_(True)
+    optimizer.zero_grad()
+    with torch.autocast(x.device.type, dtype=torch.bfloat16 if x.device.type == "cpu"
+                        else torch.float16):
+        loss = loss_fn(model(x), y)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    LEAVE
+    return loss.item()
+"""
+LEFT_BEHIND = {  # what each step leaves, and the words the message must use
+    "autocast": ("torch.autocast('cpu', dtype=torch.bfloat16).__enter__()", "autocast"),
+    "frozen": ("model.requires_grad_(False)", "requires_grad: True → False"),
+    "eval_mode_and_a_hook": ("model.eval(); model[0].register_forward_hook(lambda *a: None)",
+                             "mode: train → eval"),
+    "default_dtype": ("torch.set_default_dtype(torch.float64)", "default dtype"),
+}  # fmt: skip
+# A plain forward that keeps every activation, with each block run once more, without grad,
+# when backward reaches the output: the counts of a recomputation, none of its effect.
+FOR_SHOW = """import pkgutil, torch
+
+def _rerun_for_show(out, runs):
+    def rerun(grad):
+        with torch.no_grad():
+            for block, h in runs:
+                block(h)
+        return grad
+    if out.requires_grad:
+        out.register_hook(rerun)
+    return out
+"""
+# Each follows `FOR_SHOW` in its cell.
+HIDDEN = {
+    "layers_called_one_by_one": """
+def checkpointed_forward(layers, x, segments):
+    blocks, runs, h = list(layers), [], x
+    with torch.no_grad():  # each block's counted forward, outside any graph
+        for block in blocks:
+            runs.append((block, h))
+            h = block(h)
+    h = x
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        for block in blocks:
+            for layer in block:  # the block's own forward never sees these hooks
+                h = layer(h)
+    return _rerun_for_show(h, runs)
+""",
+    "hook_claims_to_be_checkpointing": """
+def _pack(t):
+    return t
+
+_pack.__module__ = "torch.utils.checkpoint"
+
+def checkpointed_forward(layers, x, segments):
+    runs, h = [], x
+    with torch.autograd.graph.saved_tensors_hooks(_pack, lambda t: t):
+        for block in layers:
+            runs.append((block, h))
+            h = block(h)
+    return _rerun_for_show(h, runs)
+""",
+    "innermost_hook_query_replaced": """
+def checkpointed_forward(layers, x, segments):
+    autograd = pkgutil.resolve_name("torch._C._autograd")
+    query = autograd._top_saved_tensors_default_hooks
+    theirs = query(False)
+    setattr(autograd, "_top_saved_tensors_default_hooks", lambda *args: theirs)
+    try:
+        runs, h = [], x
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            for block in layers:
+                runs.append((block, h))
+                h = block(h)
+    finally:
+        setattr(autograd, "_top_saved_tensors_default_hooks", query)
+    return _rerun_for_show(h, runs)
+""",
+    "check_hook_popped_and_pushed_back": """
+def checkpointed_forward(layers, x, segments):
+    autograd = pkgutil.resolve_name("torch._C._autograd")
+    pack, unpack = autograd._top_saved_tensors_default_hooks(False)
+    autograd._pop_saved_tensors_default_hooks()
+    try:
+        blocks, runs, h = list(layers), [], x
+        with torch.no_grad():
+            for block in blocks:
+                runs.append((block, h))
+                h = block(h)
+        h = x
+        for block in blocks:
+            for layer in block:
+                h = layer(h)
+    finally:
+        autograd._push_saved_tensors_default_hooks(pack, unpack)
+    return _rerun_for_show(h, runs)
+""",
+}
+CH10_CONTROL = {
+    ACCUMULATE: "import torch\n\n" + inspect.getsource(test_grading_ch10.one_backward_accumulate)
+    + "\naccumulate_step = one_backward_accumulate\n",
+    AMP: "import torch\n\n" + inspect.getsource(test_grading_ch10.amp_with_defaults)
+    + "\namp_train_step = amp_with_defaults\n",
+    CKPT: "import torch\nfrom torch.utils.checkpoint import checkpoint\n\n"
+    + inspect.getsource(test_grading_ch10.generic_checkpointed)
+    + "\ncheckpointed_forward = generic_checkpointed\n",
+}  # fmt: skip
+
+
+def _ch10_students() -> dict[str, dict[str, str]]:
+    """Each attacker answers all three exercises with an attack of a different class (the jobs
+    are apart), so the class stays small."""
+    students = {"control": CH10_CONTROL}
+    leaves, hidden = [leave for leave, _ in LEFT_BEHIND.values()], list(HIDDEN.values())
+    for i, forgery in enumerate(FORGERIES.values()):
+        answers = {ACCUMULATE: CONCATENATED + OWN_LINES + forgery}
+        if i < len(leaves):
+            answers[AMP] = AMP_STEP.replace("LEAVE", leaves[i])
+        if i < len(hidden):
+            answers[CKPT] = FOR_SHOW + hidden[i]
+        students[f"attacker_{i}"] = answers
+    return students
+
+
+@pytest.fixture(scope="module")
+def graded_ch10(tmp_path_factory):
+    return _grade_class(tmp_path_factory.mktemp("ch10"), CH10, _ch10_students(), unsafe=UNSAFE)
+
+
+def test_forged_lines_left_settings_and_hidden_recomputation_score_zero(graded_ch10):
+    expected, why = {"control": {}}, {}
+    for student, answers in _ch10_students().items():
+        if student == "control":
+            continue
+        expected[student] = {f"{ACCUMULATE}_tests": "tampered"}
+        if AMP in answers:
+            expected[student][f"{AMP}_tests"] = "wrong"
+            why[(student, f"{AMP}_tests")] = next(w for c, w in LEFT_BEHIND.values()
+                                                  if c in answers[AMP])  # fmt: skip
+        if CKPT in answers:
+            expected[student][f"{CKPT}_tests"] = "wrong"
+            why[(student, f"{CKPT}_tests")] = "the gradient of block"
+    problems = _problems(graded_ch10, CH10, expected)
+    for (student, test), words in why.items():
+        message = graded_ch10[(student, CH10)][test]["message"]
+        if words not in message:
+            problems.append(f"{student}: {test}'s message does not say why: {message[:300]}")
     assert not problems, "\n".join(problems)

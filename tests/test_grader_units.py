@@ -121,12 +121,16 @@ def test_ordinary_torch_use_does_not_look_like_a_patch():
     from forge_course.grader import worker
 
     before = worker._watched()
+
+    def replaced():
+        return worker._replaced(before, worker._watched())
+
     model = torch.nn.Linear(2, 2)
     torch.save({"model": model.state_dict(), "rng": torch.get_rng_state()}, io.BytesIO())
     copy.deepcopy(torch.optim.SGD(model.parameters(), lr=0.1))
-    assert worker._replaced(before) == []
+    assert replaced() == []
     torch.Tensor.tolist, saved = (lambda self: []), torch.Tensor.tolist
     try:
-        assert worker._replaced(before) == ["torch.Tensor.__dict__ keys"]  # shadows TensorBase's
+        assert replaced() == ["torch.Tensor.__dict__ keys"]  # shadows TensorBase's
     finally:
         torch.Tensor.tolist = saved

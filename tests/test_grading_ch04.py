@@ -140,3 +140,47 @@ def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
     monkeypatch.setenv("FORGE_GRADING_SEED", "2")
     assert ch04.hand_step_cases(thorough=True) != first
     assert ch04.hand_step_cases(thorough=False) == ch04.hand_step_cases(thorough=False)
+
+
+def _correct_step_then(leave):
+    """The reference step (undoing what ``leave`` did last time first), then ``leave(model)``."""
+
+    def answer(model, optimizer, loss_fn, x, y):
+        torch.set_grad_enabled(True)
+        model.train()
+        model.requires_grad_(True)
+        loss = step.train_step.__wrapped__(model, optimizer, loss_fn, x, y)
+        leave(model)
+        return loss
+
+    return answer
+
+
+# Each step returns the right loss and leaves the right parameters, and something else wrong.
+LEFT_BEHIND = {
+    "grad mode: on → off": lambda model: torch.set_grad_enabled(False),
+    "model[0]'s mode: train → eval": lambda model: model.eval(),
+    "model[2].weight.requires_grad: True → False": lambda model: model.requires_grad_(False),
+    "default dtype: torch.float32 → torch.float64": lambda model: torch.set_default_dtype(
+        torch.float64
+    ),
+    "autocast: [] → ['cpu']": lambda model: torch.autocast("cpu").__enter__(),
+    "torch's global generator: advanced": lambda model: torch.rand(1),
+    "hooks on model[1]: 0 → 1": lambda model: model[1].register_forward_hook(lambda *a: None),
+}
+
+
+@pytest.mark.parametrize("named", list(LEFT_BEHIND))
+def test_a_step_that_leaves_something_changed_is_wrong_and_says_what(named):
+    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+    try:
+        with pytest.raises(Mistake, match="changed behind it") as caught:
+            ch04.check_train_step(_correct_step_then(LEFT_BEHIND[named]))
+    finally:  # what the answer left must not reach the next test
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
+        if torch.is_autocast_enabled("cpu"):
+            torch.set_autocast_enabled("cpu", False)
+            while torch.autocast_decrement_nesting() > 0:
+                pass
+    assert named in str(caught.value)

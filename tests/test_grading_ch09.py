@@ -6,9 +6,11 @@ import os
 import pickle
 import pickletools
 import random
+import re
 import shutil
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -124,16 +126,25 @@ def test_checks_leave_the_global_generators_alone():
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
 
 
-def test_the_hostile_file_really_runs_code_without_weights_only():
+def test_each_hostile_file_really_runs_code_without_weights_only():
     with tempfile.TemporaryDirectory() as tmp:
         target, path = Path(tmp) / "target", Path(tmp) / "x.pt"
-        target.touch(mode=0o600)
-        torch.save({"note": observe_ch09._Payload(str(target))}, path)
-        with pytest.raises(pickle.UnpicklingError):
-            torch.load(path, weights_only=True)
-        assert target.stat().st_mode & 0o777 == 0o600
-        torch.load(path, weights_only=False)
-        assert target.stat().st_mode & 0o777 == 0o640
+        unknown = observe_ch09._unknown_module(str(target))
+        sys.modules[unknown.__name__] = unknown
+        try:
+            for code in observe_ch09._hidden_code(str(target), unknown):
+                target.unlink(missing_ok=True)
+                target.touch(mode=0o600)
+                torch.save({"note": code}, path)
+                with pytest.raises(pickle.UnpicklingError):
+                    torch.load(path, weights_only=True)
+                assert target.stat().st_mode & 0o777 == 0o600 and target.stat().st_size == 0
+                before = target.stat().st_ctime_ns
+                time.sleep(0.02)  # past a tick of the file system's clock
+                torch.load(path, weights_only=False)
+                assert target.stat().st_ctime_ns > before, code.call
+        finally:
+            sys.modules.pop(unknown.__name__)
 
 
 def _strings_in_the_pickle(path):
@@ -339,3 +350,65 @@ def test_early_stopping_names_nan_as_an_improvement_in_max_mode():
 
     with pytest.raises(Mistake, match="a NaN counts as an improvement"):
         ch09.check_early_stopping(NanImprovesAccuracy, thorough=True)
+
+
+def _resume_from(state, model, optimizer, scheduler):
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    kind, keys, *rest = state["rng"]["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    version, internal, gauss = state["rng"]["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["rng"]["torch"])
+    return int(state["step"])
+
+
+class _RefusingChmod(pickle.Unpickler):
+    def find_class(self, module, name):
+        if name == "chmod":
+            raise pickle.UnpicklingError("Weights only load failed: Unsupported global")
+        return super().find_class(module, name)
+
+
+class _PickleRefusingChmod:
+    Unpickler, load, __name__ = _RefusingChmod, pickle.load, "pickle"
+
+
+def load_refusing_only_chmod(path, model, optimizer, scheduler):
+    """Unsafe, but refuses the one kind of hidden code it expects the check to use."""
+    state = torch.load(path, weights_only=False, pickle_module=_PickleRefusingChmod)
+    return _resume_from(state, model, optimizer, scheduler)
+
+
+_NAMED = set()  # every file a hostile checkpoint named so far
+
+
+def load_with_the_evidence_moved_aside(path, model, optimizer, scheduler):
+    """Unsafe, with every file a checkpoint has named swapped for a stand-in while it loads,
+    so that the hidden code never touches the file the check watches: only its folder moves."""
+    _NAMED.update(
+        Path(p) for t in _strings_in_the_pickle(path) for p in re.findall(r"/[\w/.-]+", t)
+    )
+    moved = []
+    for found in {p for p in _NAMED if p.is_file()}:
+        folder, aside = found.parent, found.parent.with_name(found.parent.name + "-aside")
+        folder.rename(aside)
+        folder.mkdir()
+        found.touch(mode=0o600)
+        moved.append((folder, aside))
+    try:
+        state = torch.load(path, weights_only=False)
+    finally:
+        for folder, aside in moved:
+            shutil.rmtree(folder)
+            aside.rename(folder)
+    if "note" in state:
+        raise pickle.UnpicklingError("Weights only load failed: Unsupported global")
+    return _resume_from(state, model, optimizer, scheduler)
+
+
+@pytest.mark.parametrize("load", [load_refusing_only_chmod, load_with_the_evidence_moved_aside])
+def test_hidden_code_is_seen_when_a_load_refuses_some_or_moves_the_evidence(load):
+    with pytest.raises(Mistake, match="unpickling runs code"):
+        ch09.CHECKPOINT_LOAD.check(load)

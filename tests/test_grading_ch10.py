@@ -257,6 +257,36 @@ def test_checkpointed_forward_sees_through_the_answers_own_saved_tensor_hooks(an
         ch10.check_checkpointed_forward(answer)
 
 
+def plain_forward_under_a_hook_claiming_to_be_checkpointings(layers, x, segments):
+    """Checkpoints nothing; its hook says it is torch.utils.checkpoint's, and each block runs
+    again during backward, without grad, for the count alone."""
+
+    def pack(tensor):
+        return tensor
+
+    pack.__module__ = "torch.utils.checkpoint"
+    inputs = []
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        for layer in layers:
+            inputs.append(x)
+            x = layer(x)
+    if x.requires_grad:
+
+        def rerun(grad):
+            with torch.no_grad():
+                for layer, h in zip(layers, inputs):
+                    layer(h)
+            return grad
+
+        x.register_hook(rerun)
+    return x
+
+
+def test_recomputation_for_show_does_not_give_the_recomputed_gradients():
+    with pytest.raises(Mistake, match=r"(?s)the gradient of block 0.*nothing is checkpointed"):
+        ch10.check_checkpointed_forward(plain_forward_under_a_hook_claiming_to_be_checkpointings)
+
+
 def test_checkpointed_forward_counts_the_recomputation():
     def rerun_nothing(layers, x, segments):
         # Checkpoints every segment but the last, as checkpoint_sequential does.

@@ -1,21 +1,132 @@
-"""`make lab` serves JupyterLab with the course index and the chapters, over real HTTP."""
+"""`forge-course lab`, the one way into the course: its settings, its errors, the README set-up.
 
+The README's pip-only set-up itself runs in `tests/test_browser.py` (a fresh venv, no `make`,
+every chapter opened in the Lab it starts); here the README's Windows commands are held to the
+Linux/macOS ones that test runs, and `make lab` to `forge-course lab`.
+"""
+
+import importlib.util
 import json
+import os
+import socket
+import sys
 
 import pytest
 
+from forge_course import cli, lab
 from tests.conftest import CHAPTERS, REPO
-from tests.lab_server import get, lab
+from tests.lab_server import free_port, get, readme_commands
+from tests.lab_server import lab as running_lab
+
+
+def _powershell_as_posix(line: str) -> str:
+    """A PowerShell line of the README as the same command in bash: the obvious translation."""
+    line = line.replace("\\Scripts\\", "/bin/").replace("; ", " && ")
+    return "python3" + line.removeprefix("python") if line.startswith("python ") else line
+
+
+def test_the_readmes_windows_commands_are_the_ones_the_set_up_test_runs():
+    posix, windows = readme_commands("bash"), readme_commands("powershell")
+    assert [_powershell_as_posix(line) for line in windows] == posix
+    assert len(posix) == 2 and posix[1].endswith("forge-course lab")
+    # Windows PowerShell 5.1 has no `&&`, and its default policy refuses to run Activate.ps1.
+    assert not any("&&" in line or "Activate" in line for line in windows)
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("forge-course lab: ") and "\n" not in err and "Traceback" not in err
+    assert err.isascii(), "a Windows console in a legacy code page cannot print it"
+    return err
+
+
+def test_a_port_in_use_is_one_line_with_a_free_port_to_use(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert lab.main(["--port", str(port)]) == 2
+    err = _one_line(capsys)
+    assert f"Port {port} is in use" in err and "forge-course lab --port " in err
+
+
+def test_an_old_torch_or_python_says_what_to_install():
+    with pytest.raises(lab.CannotStart, match=r'-m pip install --upgrade "torch>=2.3"'):
+        lab.check_torch(["numpy>=1.24", "torch>=2.3"], "2.1.2")
+    with pytest.raises(lab.CannotStart, match="needs torch>=2.3 and this Python has no torch"):
+        lab.check_torch(["torch>=2.3"], None)
+    lab.check_torch(["torch>=2.3"], "2.13.0+cpu")  # a local build label is still 2.13.0
+    with pytest.raises(lab.CannotStart, match="needs Python >=3.10 and this is Python 3.9.6"):
+        lab.check_python(">=3.10", "3.9.6")
+    lab.check_package()  # this venv's own forge-course, Python and torch pass
+
+
+def test_missing_jupyterlab_or_notebooks_say_what_to_do(tmp_path, monkeypatch, capsys):
+    with pytest.raises(lab.CannotStart, match="github.com/forge-course/forge-course"):
+        lab.check_course(tmp_path)  # an installed package, no clone beside it
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name: None if name == "jupyterlab" else real_find_spec(name),
+    )
+    assert lab.main(["--port", "0"]) == 2
+    assert "-m pip install jupyterlab" in _one_line(capsys)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """What `lab.main` would start, instead of starting it."""
+    calls = []
+    monkeypatch.setattr(lab, "launch", lambda command, env: calls.append((command, env)) or 0)
+    return calls
+
+
+def test_the_lab_gets_the_course_settings(launched):
+    port = free_port()
+    assert lab.main(["--no-browser", "--port", str(port), "--LabApp.x=1"]) == 0
+    (command, env), = launched  # fmt: skip
+    assert command[:3] == [sys.executable, "-m", "jupyterlab"]
+    assert env["JUPYTER_CONFIG_PATH"] == str(REPO / "autograder")
+    args = command[3:]
+    assert f"--ServerApp.root_dir={REPO}" in args and f"--ServerApp.port={port}" in args
+    assert "--LabApp.default_url=/lab/tree/notebooks/index.ipynb" in args
+    assert ("--ServerApp.allow_root=True" in args) == (os.geteuid() == 0)
+    assert "--no-browser" in args and args[-1] == "--LabApp.x=1"  # the learner's own args last
+
+
+def test_without_a_browser_the_address_to_open_is_printed(launched, monkeypatch, capsys):
+    monkeypatch.setattr(lab, "browser_found", lambda: False)
+    monkeypatch.delenv("JUPYTER_TOKEN", raising=False)
+    port = free_port()
+    assert lab.main(["--port", str(port)]) == 0
+    (command, env), = launched  # fmt: skip
+    out = capsys.readouterr().out
+    address = f"http://127.0.0.1:{port}/lab/tree/notebooks/index.ipynb?token={env['JUPYTER_TOKEN']}"
+    assert address in out and "--no-browser" in command
+
+
+@pytest.mark.parametrize("platform", ["darwin", "win32"])
+def test_grading_off_linux_stops_with_one_sentence(platform, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "platform", platform)
+    assert cli.main(["grade"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "bubblewrap, which runs only on Linux" in err and "--unsafe" in err and "\n" not in err
+    if platform == "win32":  # its workers fork: --unsafe cannot help there
+        assert cli.main(["grade", "--unsafe"]) == 2
 
 
 @pytest.mark.slow
-def test_make_lab_serves_the_index_and_every_chapter(tmp_path):
-    with lab(REPO, tmp_path) as base:
-        page = get(f"{base}/lab").decode()
-        assert "JupyterLab" in page
-        index = json.loads(get(f"{base}/api/contents/notebooks/index.ipynb"))
-        assert index["type"] == "notebook"
+def test_make_lab_is_forge_course_lab_and_serves_every_chapter(tmp_path):
+    with running_lab(REPO, tmp_path) as base:
+        assert "JupyterLab" in get(f"{base}/lab").decode()
         for chapter in CHAPTERS:
             path = f"notebooks/{chapter}/{chapter}.ipynb"
             model = json.loads(get(f"{base}/api/contents/{path}"))
             assert model["content"]["cells"], f"{path} is empty"
+    assert "/forge-course lab --port " in (tmp_path / "lab.log").read_text()  # make echoes it
+
+
+def test_off_posix_the_lab_runs_as_a_child_and_its_status_comes_back(monkeypatch):
+    monkeypatch.setattr(os, "name", "nt")  # Windows cannot exec: forge-course waits for Jupyter
+    assert lab.launch([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ)) == 3

@@ -1,5 +1,14 @@
 """Each solved chapter runs twice in one kernel, with no error and every test passing, within
-Binder's memory."""
+Binder's memory, with processes started by *spawn*, as on macOS and Windows.
+
+Linux starts processes by *fork*: a child inherits the kernel's memory, functions and classes
+defined in the notebook included. macOS and Windows *spawn* a fresh interpreter, which must
+import by name whatever it runs, so a DataLoader worker or a rank that needs a notebook's
+definition fails there and nowhere on Linux. Linux's fork already runs in the nbgrader round
+trip (`tests/test_autograde.py`), so this run, the only other one of every chapter, makes spawn
+the default start method instead of running each chapter a third time. What asks for fork by
+name still forks, as it may on macOS but not on Windows, which has no fork at all.
+"""
 
 import json
 
@@ -11,12 +20,15 @@ from tests.conftest import CHAPTERS, add_cells
 
 BINDER_BYTES = 2 * 2**30
 SERVER_BYTES = 300 * 2**20  # JupyterLab's own server and the Binder image around the kernel
+SPAWN_CELL = "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)"
 # Appended to each chapter: the kernel's peak resident memory and its largest child's (training
-# subprocesses, DataLoader workers, compile), both in kB on Linux.
+# subprocesses, DataLoader workers, compile), both in kB on Linux, and the start method in force
+# at the end (no chapter may quietly go back to fork).
 PEAK_CELL = (
-    "import json as _json, resource as _resource\n"
+    "import json as _json, multiprocessing as _mp, resource as _resource\n"
     "print(_json.dumps([_resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss,\n"
-    "                   _resource.getrusage(_resource.RUSAGE_CHILDREN).ru_maxrss]))"
+    "                   _resource.getrusage(_resource.RUSAGE_CHILDREN).ru_maxrss,\n"
+    "                   _mp.get_start_method()]))"
 )
 
 
@@ -24,7 +36,7 @@ PEAK_CELL = (
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_solution_notebook_runs_twice_cleanly(chapter, sources):
     path = sources / chapter / f"{chapter}.ipynb"
-    add_cells(path, last=PEAK_CELL)
+    add_cells(path, first=SPAWN_CELL, last=PEAK_CELL)
     nb = execute(path, repeat=2)
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -35,7 +47,8 @@ def test_solution_notebook_runs_twice_cleanly(chapter, sources):
     assert images, "every chapter shows at least one figure"
 
     printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
-    kernel_kb, child_kb = json.loads(printed.strip().splitlines()[-1])
+    kernel_kb, child_kb, start_method = json.loads(printed.strip().splitlines()[-1])
+    assert start_method == "spawn"
     peak = (kernel_kb + child_kb) * 1024 + SERVER_BYTES
     if not torch.cuda.is_available():  # Binder has no GPU; a CUDA kernel's peak means nothing there
         assert peak < BINDER_BYTES, f"{peak / 2**20:.0f} MiB would not fit Binder's 2 GiB"

@@ -23,9 +23,10 @@ def _run_the_correct_loop(n: int, b: int, k: int, drop_last: bool) -> list[tuple
     optimizer.register_step_post_hook(lambda *_: steps.append(True))
     data = TensorDataset(torch.randn(n, 1), torch.randn(n, 1))
     loader = DataLoader(data, batch_size=b, shuffle=True, drop_last=drop_last)
-    seen = []
+    sizes, seen = [size for size, _ in update_schedule(n, b, k, drop_last)], []
     for i, (x, y) in enumerate(loader):
-        (torch.nn.functional.mse_loss(model(x), y) / k).backward()
+        group = sizes[i - i % k : i - i % k + k]
+        (torch.nn.functional.mse_loss(model(x), y) * len(x) / sum(group)).backward()
         before = len(steps)
         if (i + 1) % k == 0 or i + 1 == len(loader):
             optimizer.step()
@@ -66,6 +67,40 @@ def test_drop_last_with_fewer_examples_than_a_batch_is_empty():
 )
 def test_agrees_with_a_real_dataloader_and_optimizer(n, b, k, drop_last):
     assert update_schedule(n, b, k, drop_last) == _run_the_correct_loop(n, b, k, drop_last)
+
+
+def _accumulated_gradients(n: int, b: int, k: int, weight) -> list[torch.Tensor]:
+    """The gradient each update of one epoch applies, with ``weight(len(x), group)`` per loss."""
+    gen = torch.Generator().manual_seed(0)
+    x_all, y_all = torch.randn(n, 3, generator=gen), torch.randn(n, 1, generator=gen)
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    with torch.no_grad():  # the same weights in every run; nothing steps, so they stay
+        model.weight.copy_(torch.randn(1, 3, generator=gen))
+    sizes, applied = [size for size, _ in update_schedule(n, b, k)], []
+    for i, (x, y) in enumerate(DataLoader(TensorDataset(x_all, y_all), batch_size=b)):
+        group = sizes[i - i % k : i - i % k + k]
+        loss = torch.nn.functional.mse_loss(model(x.double()), y.double())
+        (loss * weight(len(x), group)).backward()
+        if (i + 1) % k == 0 or i + 1 == len(sizes):
+            applied.append(model.weight.grad.clone())
+            model.zero_grad()
+    return applied
+
+
+def _big_batch_gradients(n: int, b: int, k: int) -> list[torch.Tensor]:
+    """The same updates made from one big batch each: what accumulation must reproduce."""
+    return _accumulated_gradients(n, b * k, 1, lambda size, group: 1.0)
+
+
+def test_weighting_by_share_of_examples_reproduces_the_big_batch_and_dividing_by_k_does_not():
+    n, b, k = 10, 3, 2  # micro-batches of 3, 3 | 3, 1: the second update has a short one
+    expected = _big_batch_gradients(n, b, k)
+    by_share = _accumulated_gradients(n, b, k, lambda size, group: size / sum(group))
+    by_k = _accumulated_gradients(n, b, k, lambda size, group: 1 / k)
+    for got, want in zip(by_share, expected, strict=True):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(by_k[0], expected[0])  # a full group: 1/K is the share
+    assert not torch.allclose(by_k[1], expected[1])
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

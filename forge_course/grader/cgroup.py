@@ -134,3 +134,13 @@ def cpu_seconds(groups: list[Path]) -> float | None:
             stat = (group / "cpu.stat").read_text().splitlines()
             return int(next(v for k, v in map(str.split, stat) if k == "usage_usec")) / 1e6
     return None
+
+
+def memory_peak_mb(groups: list[Path]) -> float | None:
+    """The most memory ``groups`` have held since they were made, in MB (None where no group
+    records it: version 2 before Linux 5.19)."""
+    for group in groups:
+        for file in ("memory.max_usage_in_bytes", "memory.peak"):  # version 1, version 2
+            with contextlib.suppress(OSError, ValueError):
+                return int((group / file).read_text()) / 2**20
+    return None

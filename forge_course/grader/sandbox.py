@@ -19,7 +19,11 @@ Layers:
    submission starts, its CPU time accounted, and every process killed when it stops.
 3. Per job: a fresh child of a warm worker with process limits (open files, file size, CPU
    time), a wall-clock limit the grader enforces by killing the worker, and totals per
-   submission (wall time, CPU seconds, files and bytes written) checked while it runs.
+   submission checked while it runs by the worker's watcher (`worker.Watch`), which learner
+   code cannot write to: wall time, CPU seconds across its processes, files and bytes in its
+   tmpfs, open files across its processes, processes and threads. Their peaks come back
+   with each answer (`Outcome.peaks`, `Session.peaks`): `benchmarks/limits.py` measures what
+   every chapter's solution uses against `Limits`.
 4. A scrubbed environment (nothing says "grader"), the interpreter in isolated mode (``-I``).
 
 Without bubblewrap (``--unsafe``), ``unshare --net`` still removes the network where it can; the
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import queue
 import shutil
@@ -40,10 +45,11 @@ import sysconfig
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge_course.grader import cgroup, seccomp
+from forge_course.grader.worker import Watch
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # The only parts of forge_course a grading worker can import: none holds an answer (the loop
@@ -55,6 +61,9 @@ WORKER_FILES = (
 STAGE_IN_SANDBOX = "/opt/forge"
 NOBODY = 65534
 MAX_LINE = 32 * 2**20  # a reply line longer than this is cut (the worker caps its own output)
+# Each tmpfs holds this much more than the disk limit, so that a job going over the limit is
+# seen and named by the watcher, not only refused by a full disk.
+DISK_SLACK_MB = 16
 # The staged copy first on the path, and no editable install's finder (which would map
 # forge_course to the course's folder) before the worker starts.
 BOOT = (
@@ -71,15 +80,19 @@ INSTALL_BWRAP = (
 
 @dataclass(frozen=True)
 class Limits:
+    """What one submission may use. Each default leaves room over the most that a chapter's
+    solution used, as measured by `benchmarks/limits.py`. The README's table gives each margin."""
+
     seconds: float = 60.0  # wall clock for one exercise
     submission_seconds: float = 600.0  # wall clock for all of one submission's exercises
-    cpu_seconds: float = 300.0  # CPU time of every process of one submission, together
+    cpu_seconds: float = 60.0  # CPU time of every process of one submission, together
     memory_mb: int = 4096  # resident memory of one submission (its control group)
     processes: int = 64  # processes and threads a submission may have at once
-    file_mb: int = 64  # largest file one process may write
-    disk_mb: int = 256  # bytes in the sandbox's /tmp and /dev/shm, together with its files
-    files: int = 10_000  # files and folders in the sandbox's /tmp at once
+    file_mb: int = 16  # largest file one process may write
+    disk_mb: int = 64  # MB in the sandbox's /tmp and /dev/shm together
+    files: int = 10_000  # files and folders in the sandbox's /tmp and /dev/shm at once
     open_files: int = 1024  # file descriptors per process (DataLoader workers pass tensors as fds)
+    open_files_total: int = 4096  # file descriptors of all its processes together
     startup_seconds: float = 120.0  # the worker's own imports, not charged to the learner
 
 
@@ -91,6 +104,9 @@ class Outcome:
     status: str  # "finished", "timeout", "resource limit" or "crashed"
     detail: str = ""
     seconds: float = 0.0
+    # The job's peak of each total (`worker.Watch.TOTALS`), as the watcher measured it; empty
+    # when the worker sent no answer.
+    peaks: dict[str, float] = field(default_factory=dict)
 
 
 class SandboxError(RuntimeError):
@@ -175,7 +191,10 @@ def _command(
         "processes": limits.processes if capped or os.geteuid() == 0 else _process_room(limits),
         "file_mb": limits.file_mb,
         "open_files": limits.open_files,
+        "open_files_total": limits.open_files_total,
+        "tasks": limits.processes,  # the watcher's count: every process and thread at once
         "files": limits.files,
+        "disk_mb": limits.disk_mb,
         "cpu_seconds": limits.cpu_seconds,
         # Address space only where no control group caps resident memory and no GPU is
         # visible: a CUDA context reserves far more address space than it uses.
@@ -184,7 +203,7 @@ def _command(
     python = [sys.executable, "-I", "-c", BOOT]
     if mode != "bubblewrap":
         return _unsafe(python + [str(stage_dir), json.dumps(job_limits)], mode)
-    size = str(limits.disk_mb * 2**20)
+    size = str((limits.disk_mb + DISK_SLACK_MB) * 2**20)
     # /tmp first: the interpreter may live below it (a clone in /tmp), bound over the tmpfs.
     command = ["bwrap", "--size", size, "--tmpfs", "/tmp", *_system_mounts(), *_python_mounts()]
     command += ["--ro-bind", str(stage_dir), STAGE_IN_SANDBOX, "--ro-bind", "/sys", "/sys"]
@@ -246,6 +265,9 @@ class Session:
         self._own_stage = None if stage_dir else tempfile.TemporaryDirectory(prefix="forge-stage-")
         self.stage_dir = stage_dir or stage(Path(self._own_stage.name))
         self.spent = 0.0  # seconds of the submission's time limit used so far
+        # The submission's peak of each total over its jobs so far (CPU seconds summed), from
+        # the watcher's answers, the grader's clock and its control group: see `_tally`.
+        self.peaks: dict[str, float] = {}
         self.process: subprocess.Popen | None = None
         self._home = tempfile.TemporaryDirectory(prefix="forge-")
         self._groups = cgroup.make(limits.processes, limits.memory_mb)
@@ -319,8 +341,8 @@ class Session:
             self.process = None
 
     def _cpu_over(self) -> bool:
-        used = cgroup.cpu_seconds(self._groups)
-        return used is not None and used > self.limits.cpu_seconds
+        used = cgroup.cpu_seconds(self._groups) or 0.0
+        return max(used, self.peaks.get("cpu_seconds", 0.0)) > self.limits.cpu_seconds
 
     def run(self, job: dict) -> Outcome:
         """Run one job within the exercise's and the submission's limits."""
@@ -334,7 +356,8 @@ class Session:
             self._start()
         budget = min(self.limits.seconds, left)
         self._jobs += 1
-        job = {**job, "id": self._jobs}
+        # The CPU time already spent goes with the job: a fresh worker still counts it.
+        job = {**job, "id": self._jobs, "cpu_spent": self.peaks.get("cpu_seconds", 0.0)}
         start = time.monotonic()
         reply, cpu_over = None, False
         try:
@@ -357,7 +380,10 @@ class Session:
             reply = None
         seconds = time.monotonic() - start
         self.spent += seconds
-        if reply is None or reply.get("id") != job["id"]:
+        answered = reply is not None and reply.get("id") == job["id"]
+        peaks = reply.get("peaks", {}) if answered else {}
+        self._tally(peaks, seconds)
+        if not answered:
             self._stop()  # whatever it sent before it was stopped proves nothing
             if cpu_over:
                 return Outcome([], "resource limit", self._cpu_detail(), seconds)
@@ -366,19 +392,34 @@ class Session:
                 outcome = Outcome([], "crashed", "the grading worker ended", seconds)
         else:
             messages = _messages(reply["output"])
-            outcome = Outcome(messages, "finished", "", seconds)
+            outcome = Outcome(messages, "finished", "", seconds, peaks)
             if reply.get("limit"):
-                outcome = Outcome(messages, "resource limit", reply["limit"], seconds)
+                outcome = Outcome(messages, "resource limit", reply["limit"], seconds, peaks)
             elif not any(m.get("done") for m in messages):
-                outcome = Outcome(messages, *_why_it_died(reply["exit"], messages), seconds)
+                outcome = Outcome(messages, *_why_it_died(reply["exit"], messages), seconds, peaks)
         hits, self._hits = self._hits, cgroup.limit_hits(self._groups)
         if self._hits > hits:  # the sandbox's process or memory cap refused something
             detail = (
                 f"the submission went over its cap of {self.limits.processes} processes "
                 f"and threads or {self.limits.memory_mb} MB of memory"
             )
-            return Outcome(outcome.messages, "resource limit", detail, seconds)
+            return Outcome(outcome.messages, "resource limit", detail, seconds, peaks)
         return outcome
+
+    def _tally(self, peaks: dict[str, float], seconds: float) -> None:
+        """Fold one job's peaks into the submission's. Where a control group holds the
+        sandbox, its memory peak replaces the watcher's: it counts every process once, the
+        server and the files in its tmpfs included, as the memory cap does."""
+        for name, value in peaks.items():
+            if name == "cpu_seconds":
+                self.peaks[name] = round(self.peaks.get(name, 0.0) + value, 3)
+            else:
+                self.peaks[name] = max(self.peaks.get(name, 0), value)
+        self.peaks["seconds"] = max(self.peaks.get("seconds", 0.0), round(seconds, 3))
+        self.peaks["submission_seconds"] = round(self.spent, 3)
+        memory = cgroup.memory_peak_mb(self._groups)
+        if memory is not None:
+            self.peaks["memory_mb"] = round(memory, 3)
 
     def _cpu_detail(self) -> str:
         return f"CPU time: the submission used more than {self.limits.cpu_seconds:g} CPU-seconds"
@@ -401,6 +442,12 @@ def _reply(line: str) -> dict | None:
     if not isinstance(reply.get("output"), str) or not isinstance(reply.get("exit"), int):
         return None
     if not isinstance(reply.get("limit", ""), str):
+        return None
+    peaks = reply.get("peaks", {})
+    if not isinstance(peaks, dict) or not all(
+        name in Watch.TOTALS and type(value) in (int, float) and math.isfinite(value) and value >= 0
+        for name, value in peaks.items()
+    ):
         return None
     return reply
 

@@ -21,12 +21,16 @@ runs the set-up cell, installs an audit hook, runs the learner's cell and observ
 writing ``{"ran": true}`` or ``{"error": ...}``, one ``{"case": i, "observation": ...}`` or
 ``{"case": i, "mistake": ...}`` per case, the requested ``{"variables": {...}}`` and
 ``{"done": true}`` to a pipe of its own. When the child has exited and every process it left
-behind is killed, the server answers ``{"id": 3, "output": "<the pipe's text>", "exit": code}``.
+behind is killed, the server answers ``{"id": 3, "output": "<the pipe's text>", "exit": code,
+"limit": "<the total it went over, or nothing>", "peaks": {<the most it used of each: Watch>}}``.
 The verdict is reached by the grader, never here.
 
 What learner code does that the audit hook refuses (memory searches, trace hooks, native
-libraries loaded by name) is written to the pipe at once as ``{"tampered": [...]}``, before the
-refusal is raised, so no later code can take it back.
+libraries loaded by name, frames of the call stack, a function's code replaced) is written to
+the pipe at once as ``{"tampered": [...]}``, before the refusal is raised, so no later code can
+take it back. Before each line, the job checks that nothing the observation relies on was
+replaced (`_watched`) and that the pipe is still the channel it was given; what it checks and
+writes with was bound before the learner's cell ran, out of that code's reach.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 PR_SET_DUMPABLE = 4
 MAX_OUTPUT = 16 * 2**20  # bytes kept from one job's pipe; a flood is cut here
@@ -69,10 +74,18 @@ REFUSED_EVENTS = {
     "ctypes.cdata/buffer": "reads raw memory",
     "sys.remote_exec": "runs code in another process",
 }
+# Attributes that hand out a frame (each raises the audit event "object.__getattr__").
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # What learner code must leave alone: patching any of these could bend an observation.
 WATCHED_MODULES = ("builtins", "math", "json", "json.encoder", "numpy", "torch",
                    "torch.nn.functional", "torch.testing", "torch.autograd", "torch.optim",
                    "forge_course.grader.codec")  # fmt: skip
+# Whose every attribute is watched, constants included: the check's own code.
+EVERY_ATTRIBUTE = (OBSERVERS, "forge_course.grader.codec")
+# Entries that change without being patched: the slot-name cache copyreg adds to a class the
+# first time one of its objects is pickled, and the storage class `torch.set_default_dtype`
+# re-points (a default dtype left changed is for the observers to report, as a mistake).
+UNWATCHED = frozenset({"__slotnames__", "Storage"})
 
 
 def _not_dumpable() -> None:
@@ -81,32 +94,80 @@ def _not_dumpable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-def _watched() -> dict[str, int]:
-    """The identity of every function and class the observation relies on, and of its code."""
-    names = list(WATCHED_MODULES) + [m for m in sys.modules if m.startswith(OBSERVERS)]
-    owners = [(m, sys.modules[m]) for m in names if m in sys.modules]
+def _owners() -> dict[str, object]:
+    """What the observation relies on: the watched modules, the observers, and every module and
+    class an observer names (an observer's ``os`` or ``Path`` is as much its instrument)."""
+    owners = {m: sys.modules[m] for m in WATCHED_MODULES if m in sys.modules}
+    for name in [m for m in sys.modules if m.startswith(OBSERVERS)]:
+        owners[name] = sys.modules[name]
+        for value in list(vars(sys.modules[name]).values()):
+            if isinstance(value, types.ModuleType):
+                owners.setdefault(value.__name__, value)
+            elif isinstance(value, type):
+                owners.setdefault(f"{value.__module__}.{value.__qualname__}", value)
+    return owners
+
+
+def _watched() -> dict[str, tuple]:
+    """What every owner (`_owners`) holds that the observation relies on, by identity: its
+    functions and classes with their code and default arguments (``json.dumps``'s keyword
+    defaults choose its encoder), and for the observers, the codec and the classes a result
+    line is made with, every attribute (a constant, a separator or a property bends the line as
+    well as a method does). Whatever learner code rebinds here can only add differences."""
     import torch
 
-    owners += [("torch.Tensor", torch.Tensor), ("torch.nn.Module", torch.nn.Module),
-               ("torch.optim.Optimizer", torch.optim.Optimizer),
-               ("json.JSONEncoder", json.JSONEncoder)]  # fmt: skip
+    whole = {"torch.Tensor": torch.Tensor, "torch.nn.Module": torch.nn.Module,
+             "torch.optim.Optimizer": torch.optim.Optimizer,
+             "json.JSONEncoder": json.JSONEncoder}  # fmt: skip
+    function, method = types.FunctionType, (types.MethodType, classmethod, staticmethod)
+    optimizer = torch.optim.Optimizer
     seen = {}
-    for name, owner in owners:
-        if isinstance(owner, type):  # a new entry on a class shadows an inherited method
-            # (but for the slot-name cache that copyreg adds the first time a Tensor is pickled)
-            seen[f"{name}.__dict__ keys"] = hash(frozenset(vars(owner)) - {"__slotnames__"})
-        for attr, value in list(vars(owner).items()):
-            if callable(value):
-                seen[f"{name}.{attr}"] = id(value)
-                code = getattr(value, "__code__", None)
-                if code is not None:
-                    seen[f"{name}.{attr}.__code__"] = id(code)
+    for name, owner in [*_owners().items(), *whole.items()]:
+        every = name in whole or name.startswith(EVERY_ATTRIBUTE)
+        # torch wraps an optimizer class's step the first time one is made (for its profiler)
+        moving = {"step"} if isinstance(owner, type) and issubclass(owner, optimizer) else ()
+        entries = {
+            attr: value
+            for attr, value in list(vars(owner).items())
+            if attr not in UNWATCHED and attr not in moving and (every or callable(value))
+        }
+        internals = []
+        for attr, value in entries.items():
+            inner = value.__func__ if isinstance(value, method) else value
+            if isinstance(inner, function):
+                # Its keyword defaults are a dict, which can change in place: its items count.
+                keywords = tuple((inner.__kwdefaults__ or {}).items())
+                internals.append((attr, inner, inner.__code__, inner.__defaults__, keywords))
+        keys = frozenset(vars(owner)) - UNWATCHED if isinstance(owner, type) else None
+        seen[name] = (owner, entries, internals, keys)
     return seen
 
 
-def _replaced(before: dict[str, int]) -> list[str]:
-    after = _watched()
-    return sorted({k.removesuffix(".__code__") for k, v in before.items() if after.get(k) != v})
+def _replaced(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """What differs between two `_watched` snapshots, by name; compared by identity only, so
+    no object learner code made can answer for itself. Whether anything differs is decided
+    without a built-in function, which learner code could rebind (``builtins`` is watched, so
+    a rebound one is itself found)."""
+    found = []
+    for name, (owner, entries, internals, keys) in before.items():
+        now = after.get(name)
+        if now is None or now[0] is not owner:
+            found.append(name)
+            continue
+        held = now[1]
+        found += [f"{name}.{a}" for a, v in entries.items() if a not in held or held[a] is not v]
+        for attr, inner, code, defaults, keywords in internals:
+            current = tuple((inner.__kwdefaults__ or {}).items())
+            if (
+                inner.__code__ is not code
+                or inner.__defaults__ is not defaults
+                or len(current) != len(keywords)
+                or any(k is not j or v is not w for (k, v), (j, w) in zip(current, keywords))
+            ):
+                found.append(f"{name}.{attr}")
+        if keys is not None and now[3] != keys:
+            found.append(f"{name}.__dict__ keys")
+    return found
 
 
 def _evidence(names: list[str]) -> str:
@@ -119,14 +180,78 @@ def _evidence(names: list[str]) -> str:
     return '{"tampered": [' + ", ".join(quoted) + "]}\n"
 
 
+def _frame_readers() -> dict:
+    """Library code that takes a frame for its own use and hands none on, by code object, with
+    the code that must be calling it (None: any). A frame handed to learner code would lead,
+    frame by frame, to the check's own variables: the observer's instruments, the channel."""
+    import collections
+    import enum
+    import logging
+    import traceback
+    import typing
+
+    import typing_extensions
+
+    extract = traceback.StackSummary.extract.__func__.__code__
+    gathers = {c for c in extract.co_consts if isinstance(c, types.CodeType)}
+    gathers.add(traceback.StackSummary._extract_from_extended_frame_gen.__func__.__code__)
+    readers: dict = {
+        traceback.format_stack: None,
+        traceback.extract_stack: None,
+        traceback.print_stack: None,
+        typing._caller: None,
+        collections.namedtuple: None,
+        enum.EnumType._create_: None,
+        typing_extensions._caller: None,
+        traceback.walk_tb: gathers,
+        logging.currentframe: {logging.Logger.findCaller.__code__},
+        getattr(traceback, "_walk_tb_with_full_positions", None): gathers,
+        getattr(typing_extensions, "_has_generic_or_protocol_as_origin", None): None,
+        # matplotlib looks for the first caller outside itself to point its warnings at
+        getattr(sys.modules.get("matplotlib._api"), "warn_external", None): None,
+    }
+    return {fn.__code__: callers for fn, callers in readers.items() if fn is not None}
+
+
 def _install_audit_hook(write_now) -> None:
-    """Refuse `REFUSED_EVENTS` from here on; each refusal is reported before it is raised."""
-    refused = REFUSED_EVENTS
+    """Refuse `REFUSED_EVENTS`, replacing a function's code, and frames taken by any code but
+    `_frame_readers`, from here on; each refusal is reported before it is raised.
+
+    The hook holds its own copy of everything it uses: the module's names are within reach of
+    learner code, the hook is not.
+    """
+    refused, readers, evidence = dict(REFUSED_EVENTS), _frame_readers(), _evidence
+    frame_of, thread_id, missing = sys._getframe, threading.get_ident, object()
+    looking: set[int] = set()  # threads in the hook's own frame lookup (which raises an event)
+
+    def refuse(event: str, why: str) -> None:
+        write_now(evidence([f"{event}: {why}"]))
+        raise RuntimeError(f"not allowed while grading: {why} ({event})")
+
+    def takes_a_frame(event: str, args: tuple) -> bool:
+        return event == "sys._getframe" or (
+            event == "object.__getattr__" and args[1] in FRAME_ATTRIBUTES
+        )
 
     def hook(event: str, args: tuple) -> None:
         if event in refused:
-            write_now(_evidence([f"{event}: {refused[event]}"]))
-            raise RuntimeError(f"not allowed while grading: {refused[event]} ({event})")
+            refuse(event, refused[event])
+        if event == "object.__setattr__" and args[1] == "__code__":
+            refuse(event, "replaces a function's code")
+        if not takes_a_frame(event, args) or thread_id() in looking:
+            return
+        looking.add(thread_id())
+        try:
+            reader = frame_of(1)  # the code that asked
+            callers = readers.get(reader.f_code, missing)
+            allowed = callers is None or (
+                callers is not missing and reader.f_back is not None
+                and reader.f_back.f_code in callers
+            )  # fmt: skip
+        finally:
+            looking.discard(thread_id())
+        if not allowed:
+            refuse(event, "reads the call stack's frames")
 
     sys.addaudithook(hook)
 
@@ -145,13 +270,41 @@ def _run_job(job: dict, write_fd: int) -> None:
     from forge_course.grader.codec import to_plain
     from forge_course.observe.common import Mistake
 
-    raw_write, getpid = os.write, os.getpid
-    me = getpid()
+    # Everything the channel needs, bound before learner code runs: the module's names are
+    # within its reach (it may rebind ``worker.json``), these locals are not.
+    raw_write, getpid, fstat, exit_now, kill = os.write, os.getpid, os.fstat, os._exit, os.kill
+    listdir, stat_path, open_path, dup2 = os.listdir, os.stat, os.open, os.dup2
+    write_only = os.O_WRONLY
+    dumps, snapshot, replaced_in, evidence = json.dumps, _watched, _replaced, _evidence
+    me, server = getpid(), os.getppid()
+    channel = (fstat(write_fd).st_dev, fstat(write_fd).st_ino)
 
     def write_now(text: str) -> None:
-        data = text.encode("utf-8", "replace")
+        # Each line starts on a line of its own, so a stray partial line that learner code wrote
+        # to the pipe cannot join it and make it unreadable.
+        data = ("\n" + text).encode("utf-8", "replace")
         while data:
             data = data[raw_write(write_fd, data) :]
+
+    def is_channel(fd: int) -> bool:
+        try:
+            info = fstat(fd)
+        except OSError:
+            return False
+        return (info.st_dev, info.st_ino) == channel
+
+    def channel_found() -> bool:
+        """Put the channel back at its number from a copy learner code kept of it here."""
+        for name in listdir("/proc/self/fd"):
+            path = f"/proc/self/fd/{name}"
+            try:
+                info = stat_path(path)
+                if (info.st_dev, info.st_ino) == channel:
+                    dup2(open_path(path, write_only), write_fd)
+                    return True
+            except OSError:
+                continue
+        return False
 
     _seed(int(job.get("seed", 0)))
     namespace: dict = {"__name__": "__main__"}
@@ -165,17 +318,27 @@ def _run_job(job: dict, write_fd: int) -> None:
     except BaseException as err:  # noqa: BLE001
         write_now(json.dumps({"setup_error": f"{type(err).__name__}: {err}"}) + "\n")
         return
-    watched = _watched()
+    watched = snapshot()
     _install_audit_hook(write_now)
 
     def send(message: dict) -> None:
         if getpid() != me:  # a process the answer forked came back here: only the job speaks
-            os._exit(0)
-        replaced = _replaced(watched)
+            exit_now(0)
+        if not is_channel(write_fd):
+            # Learner code put another file at the channel's number, to speak for the job
+            # through a copy of the real one. Through that copy, the job says so; when no copy
+            # is left in this process, it stops its server, so that nothing the job sent counts
+            # (the grader sees the worker end).
+            if not channel_found():
+                kill(server, signal.SIGKILL)
+                exit_now(0)
+            write_now(evidence(["the channel to the grader: replaced by the answer"]))
+            exit_now(0)
+        replaced = replaced_in(watched, snapshot())
         if replaced:  # checked before every message: nothing is sent from a patched world
-            write_now(_evidence(replaced))
-            os._exit(0)
-        write_now(json.dumps(message, allow_nan=False) + "\n")
+            write_now(evidence(replaced))
+            exit_now(0)
+        write_now(dumps(message, allow_nan=False) + "\n")
 
     try:
         exec(compile(job["answer"], "<your answer cell>", "exec"), namespace)
@@ -247,53 +410,123 @@ def _reap(pid: int, read_fd: int, watch: Watch) -> tuple[str, int, str]:
 
 
 class Watch:
-    """The submission's totals, checked while a job runs: files and bytes in the sandbox's own
-    ``/tmp``, and CPU time of every process in its own process-id namespace (elsewhere the
-    grader's control group accounts CPU time, and the grader checks it)."""
+    """The submission's totals, measured and enforced while a job runs, from the server's side
+    of the sandbox: learner code cannot write what the watcher reads, so what it reports is
+    the grader's evidence, not the learner's.
+
+    Alone in a process-id namespace, every process but its init (1) belongs to the
+    submission, and one pass over /proc sees them all. Each pass measures, under the name of
+    the limit it is checked against:
+
+    * ``files`` and ``disk_mb``: inodes and MB in use in the sandbox's /tmp and /dev/shm;
+    * ``open_files_total`` and ``open_files``: file descriptors summed over the processes,
+      and the most that one holds (its own limit is a kernel rlimit);
+    * ``processes``: processes and threads at once;
+    * ``memory_mb``: resident memory of the job's processes (the forked child's includes what
+      it shares with the server);
+    * ``cpu_seconds``: CPU time of the job's processes and of the children they waited for.
+
+    The server's threads and descriptors are counted, since the process cap counts them too.
+    Its CPU time (its imports) is not charged. ``peaks`` holds each total's maximum over the
+    last job, sampled every 2 to 100 ms, plus the exact figures that wait4 reports for the child.
+    Outside its own namespace, /proc shows the whole machine: only the child's CPU time and peak
+    memory are measured, and the grader's control group does the capping.
+    """
+
+    TOTALS = ("files", "disk_mb", "open_files", "open_files_total", "processes", "memory_mb",
+              "cpu_seconds")  # fmt: skip
 
     def __init__(self, limits: dict, scratch: str, own_pid_namespace: bool):
-        self.limits, self.scratch, self.own_pid_namespace = limits, scratch, own_pid_namespace
-        self.cpu_done = 0.0  # CPU seconds of the jobs that have ended
+        self.limits, self.own_pid_namespace = limits, own_pid_namespace
+        self.folders = (scratch, "/dev/shm")  # the sandbox's own tmpfs, both
+        self.cpu_spent = 0.0  # CPU seconds of the submission's earlier jobs (from the grader)
+        self.peaks: dict[str, float] = {}
         self.tick = os.sysconf("SC_CLK_TCK")
+        self.page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def watchable(self) -> None:
+        """Called in the forked child. A fork inherits the server's non-dumpable flag, which
+        would hide the child's descriptors from a watcher that has no capabilities. The learner
+        gains nothing from the flag's removal, since learner code runs in that process and can
+        open /proc/self/mem anyway, and the server stays closed. Core dumps are turned off:
+        a dumpable torch process would dump hundreds of MB into the scratch."""
+        if not self.own_pid_namespace:
+            return
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # never into the server
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
 
     def wait(self, pid: int) -> tuple[int, str]:
-        pause = 0.002
+        """Wait for the child, measuring as it runs, and kill it at the first total over its
+        limit. Return its wait status and the limit it went over ("" when none)."""
+        self.peaks = {}
+        over, pause = "", 0.002
         while True:
             done, status, usage = os.wait4(pid, os.WNOHANG)
             if done:
-                self.cpu_done += usage.ru_utime + usage.ru_stime
-                return status, ""
-            over = self.over()
+                break
+            over = self._over(self._measure())
             if over:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 _, status, usage = os.wait4(pid, 0)
-                self.cpu_done += usage.ru_utime + usage.ru_stime
-                return status, over
+                break
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
+        # Once more with the child reaped: its time and peak memory now come from wait4, and
+        # what it left running is still there. A job faster than one pass is judged here too.
+        return status, over or self._over(self._measure(usage))
 
-    def over(self) -> str:
-        if not self.own_pid_namespace:
-            return ""
-        with contextlib.suppress(OSError):
-            fs = os.statvfs(self.scratch)
-            if fs.f_files - fs.f_ffree > self.limits["files"]:
-                return f"files: more than {self.limits['files']} files and folders written"
-        cpu = self.cpu_done + self._cpu_running()
-        if cpu > self.limits["cpu_seconds"]:
-            return f"CPU time: more than {self.limits['cpu_seconds']:g} CPU-seconds used"
-        return ""
+    def _measure(self, usage=None) -> dict[str, float]:
+        measured = self.TOTALS if self.own_pid_namespace else ("memory_mb", "cpu_seconds")
+        now: dict[str, float] = dict.fromkeys(measured, 0)
+        if self.own_pid_namespace:
+            self._scratch(now)
+            self._processes(now)
+        if usage is not None:
+            now["cpu_seconds"] += usage.ru_utime + usage.ru_stime
+            now["memory_mb"] = max(now["memory_mb"], usage.ru_maxrss / 1024)  # kB on Linux
+        for name, value in now.items():
+            self.peaks[name] = max(self.peaks.get(name, 0), round(value, 3))
+        return now
 
-    def _cpu_running(self) -> float:
-        ticks = 0
+    def _scratch(self, now: dict[str, float]) -> None:
+        for folder in self.folders:
+            with contextlib.suppress(OSError):
+                fs = os.statvfs(folder)
+                now["files"] += fs.f_files - fs.f_ffree
+                now["disk_mb"] += (fs.f_blocks - fs.f_bfree) * fs.f_frsize / 2**20
+
+    def _processes(self, now: dict[str, float]) -> None:
+        server, ticks = os.getpid(), 0
         for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) not in (1, os.getpid()):
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    with open(f"/proc/{entry}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                    ticks += int(fields[11]) + int(fields[12])  # utime, stime
-        return ticks / self.tick
+            if not entry.isdigit() or entry == "1":
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                now["processes"] += int(fields[17])  # num_threads
+                if int(entry) != server:
+                    ticks += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+                    now["memory_mb"] += int(fields[21]) * self.page_mb  # rss, in pages
+                held = len(os.listdir(f"/proc/{entry}/fd"))
+                now["open_files_total"] += held
+                now["open_files"] = max(now["open_files"], held)
+        now["cpu_seconds"] += ticks / self.tick
+
+    def _over(self, now: dict[str, float]) -> str:
+        limits, get = self.limits, now.get
+        checks = (  # (the total now, its limit, what going over it means)
+            (get("files", 0), limits["files"], "files: more than {} files and folders"),
+            (get("disk_mb", 0), limits["disk_mb"], "disk: more than {} MB in /tmp and /dev/shm"),
+            (get("open_files_total", 0), limits["open_files_total"],
+             "open files: more than {} file descriptors open across its processes"),
+            (get("processes", 0), limits["tasks"],
+             "processes: more than {} processes and threads at once"),
+            (self.cpu_spent + now["cpu_seconds"], limits["cpu_seconds"],
+             "CPU time: more than {:g} CPU-seconds used"),
+        )  # fmt: skip
+        return next((text.format(limit) for value, limit, text in checks if value > limit), "")
 
 
 def _kill_leftovers(own_pid_namespace: bool) -> None:
@@ -355,16 +588,19 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
             raise SystemExit("CUDA was initialised in the grading server")
         workdir = tempfile.mkdtemp(prefix=f"job-{job['id']}-", dir=scratch)
         read_fd, write_fd = os.pipe()
+        watch.cpu_spent = float(job.get("cpu_spent", 0.0))
         pid = os.fork()
         if pid == 0:
             os.close(read_fd)
+            watch.watchable()
             _child(job, write_fd, reply.fileno(), limits, workdir)
         os.close(write_fd)
         output, code, over = _reap(pid, read_fd, watch)
         _clear(scratch, before)
         if own_pid_namespace:  # the sandbox's own /dev/shm (elsewhere it is the machine's)
             _clear("/dev/shm")
-        answer = {"id": job["id"], "output": output, "exit": code, "limit": over}
+        answer = {"id": job["id"], "output": output, "exit": code, "limit": over,
+                  "peaks": watch.peaks}  # fmt: skip
         reply.write(json.dumps(answer) + "\n")
     return 0
 

@@ -1,4 +1,11 @@
-"""Chapter 04's learner half: build each case's inputs, call the answer, report plain data."""
+"""Chapter 04's learner half: build each case's inputs, call the answer, report plain data.
+
+A training step is judged by what it returns and by the parameters it leaves, and also by what
+else it leaves changed behind it: `Settings` notes the process-wide settings a step could leave
+switched (grad mode, autocast, the default dtype, torch's global generator...) and the modes,
+``requires_grad`` flags and hooks of the model, before and after the call. Later chapters'
+observers use it for their own steps.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,67 @@ import copy
 
 import torch
 
-from forge_course.observe.common import call_answer
+from forge_course.observe.common import Mistake, call_answer
+
+GENERATOR = "torch's global generator"
+
+
+class Settings:
+    """What a call could leave changed beyond its result, noted before it, compared after it.
+
+    Args:
+        model: the module the call receives (its modes, ``requires_grad`` flags and hooks are
+            noted), or None.
+        generator: whether advancing torch's global generator counts as a change (a step of a
+            model without dropout draws nothing from it; a load that restores it does).
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, generator: bool = True):
+        self.model, self.generator = model, generator
+        self.before = self._now()
+
+    def _now(self) -> dict[str, object]:
+        now: dict[str, object] = {
+            "grad mode": "on" if torch.is_grad_enabled() else "off",
+            "inference mode": torch.is_inference_mode_enabled(),
+            "default dtype": str(torch.get_default_dtype()),
+            "autocast": [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)],
+            "anomaly detection": torch.is_anomaly_enabled(),
+            "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+            "torch function modes": torch._C._len_torch_function_stack(),
+            "dispatch modes": torch._C._len_torch_dispatch_stack(),
+        }
+        if self.generator:
+            now[GENERATOR] = torch.get_rng_state().numpy().tobytes()
+        for name, module in self.model.named_modules() if self.model is not None else ():
+            where = f"model[{name}]" if name else "the model"
+            now[f"{where}'s mode"] = "train" if module.training else "eval"
+            hooks = [module._forward_hooks, module._forward_pre_hooks, module._backward_hooks]
+            now[f"hooks on {where}"] = sum(len(h) for h in hooks)
+            for key, p in module.named_parameters(recurse=False):
+                now[f"{where}.{key}.requires_grad"] = p.requires_grad
+        return now
+
+    def changed(self) -> list[str]:
+        """Each setting the call left otherwise than it found it, in words."""
+        after, found = self._now(), []
+        for name, was in self.before.items():
+            now = after.get(name)
+            if now != was:
+                found.append(f"{name}: advanced" if name == GENERATOR else f"{name}: {was} → {now}")
+        return found
+
+    def check(self, grade_id: str, what: str, case: str) -> None:
+        """Raise a `Mistake` naming what the call left changed, if anything."""
+        found = self.changed()
+        if found:
+            raise Mistake(
+                grade_id,
+                f"`{what}` left something changed behind it: {'; '.join(found)} ({case}). "
+                "Whatever a function switches for its own work (grad mode, autocast, a module's "
+                "mode, requires_grad, hooks, the default dtype, the global generator) it must "
+                "put back as it found it: every later cell would run changed.",
+            )
 
 
 def _as_floats(value):
@@ -72,6 +139,7 @@ def observe_train_step(fn, case: dict) -> dict:
     model, optimizer, loss_fn, batches = _build(case)
     seen = {}
     for call, (x, y) in enumerate(batches, start=1):
+        settings = Settings(model)
         returned = call_answer(
             "ch04_train_step", "train_step", fn, model, optimizer, loss_fn, x, y,
             case=label_train_step(case),
@@ -80,4 +148,5 @@ def observe_train_step(fn, case: dict) -> dict:
         seen[f"the parameters after call {call}"] = {
             name: p.detach().clone() for name, p in model.named_parameters()
         }
+        settings.check("ch04_train_step", "train_step", label_train_step(case))
     return seen

@@ -10,9 +10,14 @@ this module needs neither a working save nor a working load:
 * `observe_load`: a file written at the same moment by a plain, non-atomic ``torch.save`` (all a
   file to read needs; not the exercise's save) is resumed by the learner's ``load_checkpoint``
   with fresh objects from another seed, and the finished run is compared with the
-  uninterrupted one. Then a checkpoint with code hidden in it is loaded: the hidden code
-  changes a file, and the kernel stamps that file's change time, which no process of the
-  learner's can set back, so the evidence does not depend on anything in this process's memory.
+  uninterrupted one. Then checkpoints with code hidden in them are loaded, each naming its
+  code another way (a function of the standard library, ``exec``, a function of torch, a
+  module whose name the answer cannot know in advance), so that a load that refuses only the
+  names it expects still runs one. The hidden code changes a file in a folder the load is not
+  given, and the kernel stamps the change on that file and on any move of its folder: no
+  process of the learner's can set either back, and the check reads them through functions
+  bound before any answer ran, so the evidence does not depend on anything in this process's
+  memory.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import contextlib
 import os
 import random
 import stat
+import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +37,7 @@ import torch
 from torch import nn
 
 from forge_course.observe import common
+from forge_course.observe.ch04 import Settings
 from forge_course.observe.common import Mistake, call_answer
 
 try:
@@ -40,6 +48,9 @@ except ImportError:  # Windows: which files are open cannot be asked, so it is n
 CHECKPOINT, STOPPING = "ch09_checkpoint", "ch09_early_stopping"
 FILE = "checkpoint.pt"
 NOT_REACHED = "not reached"
+# What the evidence is read and made with, bound when this module is imported, before any
+# answer runs: an answer that later replaces ``os.fstat`` or ``os.chmod`` changes none of these.
+_open, _close, _fstat, _chmod = os.open, os.close, os.fstat, os.chmod
 
 
 def _attempt(name: str, fn, *args, case: str = ""):
@@ -276,9 +287,11 @@ def observe_save(fn, case: dict) -> dict:
     label = label_checkpoint(case)
 
     def save(path, model, optimizer, scheduler, step):
+        settings = Settings(model)  # a save reads the generators and changes nothing
         call_answer(
             CHECKPOINT, "save_checkpoint", fn, path, model, optimizer, scheduler, step, case=label
         )
+        settings.check(CHECKPOINT, "save_checkpoint", label)
 
     names = [WEIGHTS_ONLY, *(name for name, _ in ENTRIES), RAISES, FILE_AFTER, LEFT, ELSEWHERE]
     seen: dict = dict.fromkeys(names, NOT_REACHED)
@@ -338,14 +351,37 @@ def _compare(losses, model, want_losses, want_params) -> str:
     return "identical to the uninterrupted run, bit for bit"
 
 
-class _Payload:
-    """Unpickling this calls ``os.chmod`` on a file of the check's: code named in the file."""
+class _HiddenCode:
+    """Unpickling this calls ``call(*args)``: code named in the file."""
 
-    def __init__(self, target: str):
-        self.target = target
+    def __init__(self, call, *args):
+        self.call, self.args = call, args
 
     def __reduce__(self):
-        return (os.chmod, (self.target, 0o640))
+        return (self.call, self.args)
+
+
+def _unknown_module(target: str) -> types.ModuleType:
+    """A module with a fresh random name, holding a function that changes ``target``."""
+    name = f"_note_{os.urandom(6).hex()}"
+    module = types.ModuleType(name)
+
+    def note():
+        _chmod(target, 0o640)
+
+    note.__module__, note.__qualname__ = name, "note"
+    module.note = note
+    return module
+
+
+def _hidden_code(target: str, unknown: types.ModuleType) -> list[_HiddenCode]:
+    """Four ways a file can name code that changes ``target``, one file each."""
+    return [
+        _HiddenCode(_chmod, target, 0o640),
+        _HiddenCode(exec, f"open({target!r}, 'w').close()"),
+        _HiddenCode(torch.save, 0, target),
+        _HiddenCode(unknown.note),
+    ]
 
 
 def _after_a_clock_tick(ctime_ns: int, folder: str) -> None:
@@ -358,41 +394,63 @@ def _after_a_clock_tick(ctime_ns: int, folder: str) -> None:
     mode = 0o600
     while time.monotonic() < deadline:
         mode ^= 0o040
-        os.chmod(probe, mode)
-        if probe.stat().st_ctime_ns > ctime_ns:
+        _chmod(probe, mode)
+        if _fstat_path(probe).st_ctime_ns > ctime_ns:
             return
 
 
-def _hostile_file(folder: Path, case: dict, label: str, fn) -> str:
-    """A valid checkpoint with one extra object whose unpickling changes a file.
+def _fstat_path(path) -> os.stat_result:
+    fd = _open(path, os.O_RDONLY)
+    try:
+        return _fstat(fd)
+    finally:
+        _close(fd)
 
-    The file lives in a folder of its own that the learner's function is not given. Its change
-    time is set by the kernel whenever anything changes it (mode, contents, name, links), and no
-    unprivileged process can set it back, so "did the hidden code run" is read from the file
-    system after the call, not from anything the learner's code could reach and reset.
+
+def _stamps(fds: list[int]) -> list[tuple]:
+    """What the kernel says of each open file: which file it is, and when and how it changed."""
+    found = []
+    for fd in fds:
+        info = _fstat(fd)
+        found.append((info.st_dev, info.st_ino, info.st_mode, info.st_nlink, info.st_ctime_ns))
+    return found
+
+
+def _hostile_files(folder: Path, case: dict, label: str, fn) -> str:
+    """Valid checkpoints, each with one extra object whose unpickling changes a file.
+
+    The file lives in a folder of its own that the learner's function is not given. The kernel
+    stamps a change time on the file whenever anything changes it (mode, contents, name, links)
+    and on the folder whenever it is moved or its entries change, and no unprivileged process
+    can set either back, so "did the hidden code run" is read from the file system after the
+    calls, not from anything the learner's code could reach and reset.
     """
     _, model, optimizer, scheduler = _build(case["seed"], case["device"])
-    path = folder / "hostile.pt"
     payload = torch.load(folder / FILE, weights_only=True)
+    errors = []
     with tempfile.TemporaryDirectory() as hidden:
         target = Path(hidden) / "untouched"
         target.touch(mode=0o600)
-        fd = os.open(target, os.O_RDONLY)
+        unknown = _unknown_module(str(target))
+        sys.modules[unknown.__name__] = unknown
+        fds = [_open(hidden, os.O_RDONLY), _open(target, os.O_RDONLY)]
         try:
-            before = os.fstat(fd)
-            _after_a_clock_tick(before.st_ctime_ns, hidden)
-            payload["note"] = _Payload(str(target))
-            torch.save(payload, path)
-            _, error = _attempt("load_checkpoint", fn, path, model, optimizer, scheduler,
-                                case=label)  # fmt: skip
-            after = os.fstat(fd)
+            before = _stamps(fds)
+            _after_a_clock_tick(max(stamp[-1] for stamp in before), str(folder))
+            for i, code in enumerate(_hidden_code(str(target), unknown)):
+                path = folder / f"hostile-{i}.pt"
+                torch.save({**payload, "note": code}, path)
+                _, error = _attempt("load_checkpoint", fn, path, model, optimizer, scheduler,
+                                    case=label)  # fmt: skip
+                errors.append(error)
+            after = _stamps(fds)
         finally:
-            os.close(fd)
-    if (after.st_ctime_ns, after.st_mode, after.st_nlink) != (
-        before.st_ctime_ns, before.st_mode, before.st_nlink,
-    ):  # fmt: skip
+            for fd in fds:
+                _close(fd)
+            sys.modules.pop(unknown.__name__, None)
+    if after != before:
         return "loads it, and the code hidden in it runs"
-    if isinstance(error, Exception):
+    if all(isinstance(error, Exception) for error in errors):
         return "refuses it with an error"
     return "loads it without running the hidden code"
 
@@ -416,8 +474,10 @@ def observe_load(fn, case: dict) -> dict:
         # The crash: every live object is gone. Fresh ones come from another seed, so whatever
         # the load does not restore shows up as a difference.
         data, model, optimizer, scheduler = _build(case["seed"] + 1, device)
+        settings = Settings(model, generator=False)  # a load sets the generators, and no more
         resumed_from = call_answer(CHECKPOINT, "load_checkpoint", fn, folder / FILE, model,
                                    optimizer, scheduler, case=label)  # fmt: skip
+        settings.check(CHECKPOINT, "load_checkpoint", label)
         seen[RUN_KEYS[0]] = resumed_from
         if not isinstance(resumed_from, int) or not 0 <= resumed_from < case["crash_at"]:
             return seen
@@ -426,7 +486,7 @@ def observe_load(fn, case: dict) -> dict:
             for _ in range(resumed_from, steps)
         ]
         seen[RUN_KEYS[1]] = _compare(before[:resumed_from] + after, model, want, want_params)
-        seen[HOSTILE] = _hostile_file(folder, case, label, fn)
+        seen[HOSTILE] = _hostile_files(folder, case, label, fn)
     return seen
 
 

@@ -5,6 +5,14 @@ an instrument of the check's own: a `_Probe` at the end of a model notes the siz
 every batch that reaches it, and a `_CountedBlock` counts its forward passes and notes whether
 the saved-tensor hooks in effect were the answer's own. After every call the observer verifies
 that its instruments are still in place and untouched, and says so in the observation.
+
+Recomputation is judged by its outcome, not by those notes: a `_CountedBlock` adds to its
+output a term worth zero whose gradient depends on when the block ran, so the gradients that
+backward takes through a block recomputed during backward differ from those through a block
+whose forward activations were kept. Whatever an answer does to the notes or to the
+saved-tensor hooks, only recomputing gives the reference's gradients. After each call the
+observer also checks that the answer left nothing else changed
+(`forge_course.observe.ch04.Settings`).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import warnings
 import torch
 from torch import nn
 
+from forge_course.observe.ch04 import Settings
 from forge_course.observe.common import INSTRUMENT_TAMPERED, Mistake, call_answer
 
 ACCUMULATE, AMP, CHECKPOINTED = (
@@ -100,10 +109,12 @@ def observe_accumulate_step(fn, case: dict) -> dict:
     observed = {}
     for call, group in enumerate(groups, start=1):
         seen.clear()
+        settings = Settings(model)
         returned = call_answer(
             ACCUMULATE, "accumulate_step", fn, model, optimizer, loss_fn, group, case["clip"],
             case=label_accumulate(case),
         )  # fmt: skip
+        settings.check(ACCUMULATE, "accumulate_step", label_accumulate(case))
         observed[f"the value returned by call {call}"] = _plain(returned)
         observed[f"the parameters after call {call}"] = _parameters(model)
         observed[f"the batch sizes the model's forward passes saw in call {call}"] = (
@@ -178,6 +189,7 @@ def observe_amp_step(fn, case: dict) -> dict:
         if case.get("claims"):
             x, y = x.as_subclass(_ClaimsDevice), y.as_subclass(_ClaimsDevice)
         seen.clear()
+        settings = Settings(model)
         with warnings.catch_warnings():
             # A stand-in's CUDA autocast on a machine without CUDA: torch says it is disabled.
             warnings.filterwarnings("ignore", message="CUDA is not available")
@@ -185,6 +197,7 @@ def observe_amp_step(fn, case: dict) -> dict:
                 AMP, "amp_train_step", fn, model, optimizer, nn.CrossEntropyLoss(), x, y, scaler,
                 case=label_amp(case),
             )  # fmt: skip
+        settings.check(AMP, "amp_train_step", label_amp(case))
         dtypes = [dtype for _, dtype in seen] if _probe_intact(model, probe, seen) else None
         observed[f"the dtype of the model's output in call {call}"] = (
             TAMPERED if dtypes is None else dtypes[0] if dtypes else "the model never ran"
@@ -236,12 +249,25 @@ def _is_checkpoints_own(pack) -> bool:
     return getattr(pack, "__module__", None) == "torch.utils.checkpoint"
 
 
+# Which backward is running, -1 outside one; bound before any answer can replace it.
+_graph_task = torch._C._current_graph_task_id
+TILT = 0.01  # how much a block's gradient grows when it ran outside backward; twice inside
+
+
 class _CountedBlock(nn.Sequential):
-    """A block that counts its forward passes and notes whose saved-tensor hooks it ran under.
+    """A block that counts its calls, notes whose saved-tensor hooks it ran under, and tilts its
+    gradient by when it ran.
+
+    Its output gains ``(out − out.detach())·w``: zero in value, but a factor ``1 + w`` on every
+    gradient that backward takes through it, where ``w`` is a tensor autograd saves: ``TILT``
+    when the call was in the forward pass, ``2·TILT`` when it was during a backward (a
+    recomputation). Backward uses the saved ``w`` of the call whose activations it uses, so the
+    gradients tell a block recomputed in backward from one whose activations were kept, and do
+    not depend on how the blocks were grouped into segments.
 
     Under the check, a block's activations are saved either through the check's own hook
     (nothing checkpointed) or through ``torch.utils.checkpoint``'s (checkpointed). Any other
-    hook innermost would hide what the forward keeps from the check's count.
+    hook innermost hides what the forward keeps from the check's count.
     """
 
     def __init__(self, *layers):
@@ -254,7 +280,12 @@ class _CountedBlock(nn.Sequential):
         theirs = pack not in (self.check_pack, UNKNOWN) and not _is_checkpoints_own(pack)
         if self.check_pack is not None and theirs and torch.is_grad_enabled():
             self.foreign_hooks = True
-        return super().forward(x)
+        out = super().forward(x)
+        # A tensor, so that autograd saves it and checkpointing recomputes it: a plain number
+        # would stay in the graph as the forward pass left it.
+        tilt = torch.full((), TILT * (2 if _graph_task() >= 0 else 1), dtype=out.dtype,
+                          device=out.device)  # fmt: skip
+        return out + (out - out.detach()) * tilt
 
 
 def _blocks_intact(blocks: list) -> bool:
@@ -329,10 +360,12 @@ def observe_checkpointed_forward(fn, case: dict) -> dict:
         block.check_pack = counting.pack
     try:
         with counting:
+            settings = Settings()
             out = call_answer(CHECKPOINTED, "checkpointed_forward", fn, layers, x_in,
                               case["segments"], case=label)  # fmt: skip
             # The answer must leave the check's hook where it found it: innermost.
             hooks_kept = _top_pack_hook() in (counting.pack, UNKNOWN)
+            settings.check(CHECKPOINTED, "checkpointed_forward", label)
     finally:
         _drop_left_over(counting.pack)
     if not isinstance(out, torch.Tensor):
@@ -343,20 +376,24 @@ def observe_checkpointed_forward(fn, case: dict) -> dict:
         )
     intact = _blocks_intact(blocks)
     in_forward = [block.runs for block in blocks]
-    seen = {"the output": out.detach().clone(), "the output needs grad": out.requires_grad}
+    # How it ran comes first, so that a difference there is named before the gradients.
+    seen = {
+        "the output": out.detach().clone(),
+        "the output needs grad": out.requires_grad,
+        OWN_HOOKS: any(block.foreign_hooks for block in blocks) or not hooks_kept,
+        KEPT: counting.total(),
+        RUNS_FORWARD: in_forward if intact else TAMPERED,
+    }
     if out.requires_grad:
         (out * weights).sum().backward()
-    for b, block in enumerate(blocks):
-        for name, p in block.named_parameters():
-            seen[f"the gradient of block {b}'s {name}"] = _plain(p.grad)
-    if case["input_grad"]:
-        seen["the gradient of the input"] = _plain(x_in.grad)
-    seen[OWN_HOOKS] = any(block.foreign_hooks for block in blocks) or not hooks_kept
-    seen[KEPT] = counting.total()
-    seen[RUNS_FORWARD] = in_forward if intact else TAMPERED
     seen[RUNS_BACKWARD] = (
         [block.runs - ran for block, ran in zip(blocks, in_forward)]
         if intact and _blocks_intact(blocks)
         else TAMPERED
     )
+    for b, block in enumerate(blocks):
+        for name, p in block.named_parameters():
+            seen[f"the gradient of block {b}'s {name}"] = _plain(p.grad)
+    if case["input_grad"]:
+        seen["the gradient of the input"] = _plain(x_in.grad)
     return seen

@@ -1,12 +1,18 @@
 """Chapter 11's learner half: call the ring, start real ranks for the DDP worker, report facts.
 
-The DDP worker runs as ``world_size`` fresh interpreters, started the way torchrun and
-`torch.multiprocessing.spawn` start ranks: never forked, because a process forked after autograd
-has run on a machine with a GPU cannot run backward ("Unable to handle autograd's threading in
-combination with fork-based multiprocessing"). A fresh interpreter cannot import a function
-defined in a notebook cell, so the worker travels by value: its code object (`marshal`), and the
-globals, defaults and closure it uses, each by reference where it can be imported (modules,
-library functions and classes) and by value where it cannot (functions of the notebook).
+The DDP worker runs as ``world_size`` processes that share nothing with the caller, as torchrun
+and `torch.multiprocessing.spawn` start ranks. The caller is never forked: a process forked after
+autograd has run on a machine with a GPU cannot run backward ("Unable to handle autograd's
+threading in combination with fork-based multiprocessing"). Instead a fresh interpreter, the
+ranks' zygote, imports torch and dynamo (5 CPU-seconds) once per caller and runs nothing else;
+for each case it forks a leader, which forks one child per rank (`_serve_ranks`). So each rank
+starts as clean as a spawned one, in a process group of its case that is killed as one, and a
+check of six cases starts torch once, not six or fourteen times.
+
+A fresh interpreter cannot import a function defined in a notebook cell, so the worker travels
+by value: its code object (`marshal`), and the globals, defaults and closure it uses,
+each by reference where it can be imported (modules, library functions and classes) and by value
+where it cannot (functions of the notebook).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -97,11 +104,12 @@ def observe_ring(fn, case: dict) -> dict:
 
 DDP_TIMEOUT_S = 60  # seconds all ranks together may take, start-up included, before they stop
 _DONE_WAIT_S = 10  # how long a finished rank waits for its peers before it leaves
-# A rank starts with the course's path, reads its job from stdin, and runs `_rank_process`.
+_FAILED_WAIT_S = 5  # how long the peers of a failed rank get to fail on their own
+EXIT_CODES = "exit codes.json"  # beside the ranks' reports (`rank{r}.json`), by their leader
+# The zygote starts with the caller's path (its first line) and serves one case per line.
 _BOOT = (
-    "import json, sys; head, _, job = sys.stdin.buffer.read().partition(b'\\n'); "
-    "sys.path[:] = json.loads(head); "
-    "from forge_course.observe.ch11 import _rank_process; _rank_process(job)"
+    "import json, sys; sys.path[:] = json.loads(sys.stdin.buffer.readline()); "
+    "from forge_course.observe.ch11 import _serve_ranks; _serve_ranks()"
 )
 
 
@@ -242,9 +250,8 @@ def _unpack(payload: dict, unsent: dict[str, str]) -> types.FunctionType:
 _RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap}
 
 
-def _rank_process(data: bytes) -> None:
+def _rank_process(job: dict) -> None:
     """A rank: arm the caller's guard, watch init_process_group, run the worker, report."""
-    job = pickle.loads(data)  # written by the observer that started this process
     torch.set_num_threads(1)  # a tiny model: one thread per rank is plenty
     if job["guard"]:
         importlib.import_module(job["guard"])  # the caller's tripwire: references refuse to run
@@ -315,49 +322,121 @@ def _rank_process(data: bytes) -> None:
     finish(None)
 
 
+def _serve_ranks() -> None:
+    """The zygote: for each line of stdin (a case's jobs, pickled, in hex), fork a leader in a
+    process group of its own, answer its pid, and go on until stdin closes with the caller."""
+    # Imported once, here, for every rank: DDP's constructor imports dynamo (2.5 CPU-seconds).
+    import torch._dynamo  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # leaders are reaped by the kernel
+    for line in sys.stdin.buffer:
+        jobs = pickle.loads(bytes.fromhex(line.decode()))  # written by `_start_ranks`
+        leader = os.fork()
+        if leader == 0:
+            os.setsid()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(2, 1)  # what the ranks print goes to stderr, never into the answers
+            try:
+                _lead_ranks(jobs)
+            finally:
+                os._exit(0)
+        sys.stdout.write(f"{leader}\n")
+        sys.stdout.flush()
+
+
+def _lead_ranks(jobs: list[dict]) -> None:
+    """A case's leader: fork one rank per job, wait for them all, and write their exit codes
+    beside the ranks' reports. When one fails, the others get `_FAILED_WAIT_S` to fail on their
+    own, then go."""
+    ranks = []
+    for job in jobs:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _rank_process(job)
+            finally:
+                os._exit(1)  # `_rank_process` leaves by os._exit; anything else is a failure
+        ranks.append(pid)
+    codes, deadline = {}, None
+    while len(codes) < len(ranks):
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid in ranks:
+            codes[pid] = os.waitstatus_to_exitcode(status)
+            if codes[pid] != 0 and deadline is None:
+                deadline = time.monotonic() + _FAILED_WAIT_S
+        elif deadline is not None and time.monotonic() > deadline:
+            for left in set(ranks) - set(codes):
+                os.kill(left, signal.SIGKILL)
+            deadline = float("inf")
+        elif pid == 0:
+            time.sleep(0.02)
+    path = Path(jobs[0]["reports"], EXIT_CODES)
+    Path(f"{path}.part").write_text(json.dumps([codes[pid] for pid in ranks]))
+    os.replace(f"{path}.part", path)
+
+
+# This process's zygote, in a list that is changed in place: a grading worker checks that no
+# name of an observer module is rebound while an answer runs.
+_zygote: list[subprocess.Popen] = []
+_zygote_lock = threading.Lock()  # one case at a time on the zygote's pipes
+
+
+def _ranks_zygote() -> subprocess.Popen:
+    """This process's zygote, started when it has none (or the one it had ended)."""
+    if not _zygote or _zygote[0].poll() is not None:
+        _zygote[:] = [
+            subprocess.Popen(
+                [sys.executable, "-I", "-c", _BOOT], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},  # read as torch starts: 1 a rank
+            )
+        ]  # fmt: skip
+        _zygote[0].stdin.write(json.dumps(sys.path).encode() + b"\n")
+    return _zygote[0]
+
+
 def _start_ranks(fn, world_size: int, out_dirs: list[str], reports: str) -> dict:
     """Start the ranks, wait at most `DDP_TIMEOUT_S`, and kill whatever they leave behind."""
     packer = _Packer()
     root = packer.function(fn)[1]
     worker = {"functions": packer.functions, "namespaces": packer.namespaces, "root": root}
     guard = getattr(common._guard, "__module__", None) or common.__name__
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # read when torch starts: one thread per rank
-    port, procs = free_port(), []
-    for rank in range(world_size):
-        job = {
+    port = free_port()
+    jobs = [
+        {
             "worker": worker, "unsent": packer.unsent, "world_size": world_size,
             "args": (rank, world_size, port, out_dirs[rank]), "reports": reports,
             "guard": "" if guard == common.__name__ else guard,
-        }  # fmt: skip
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _BOOT], stdin=subprocess.PIPE, env=env,
-            start_new_session=True,  # its own group: killed with all it started, in one call
-        )  # fmt: skip
-        procs.append(proc)
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.write(json.dumps(sys.path).encode() + b"\n" + pickle.dumps(job))
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.close()
-    deadline, timed_out = time.monotonic() + DDP_TIMEOUT_S, False
+        }
+        for rank in range(world_size)
+    ]  # fmt: skip
+    deadline, timed_out, leader = time.monotonic() + DDP_TIMEOUT_S, False, None
+    codes = Path(reports, EXIT_CODES)
     try:
-        while any(p.poll() is None for p in procs):
+        with _zygote_lock:
+            zygote = _ranks_zygote()
+            with contextlib.suppress(BrokenPipeError):
+                zygote.stdin.write(pickle.dumps(jobs).hex().encode() + b"\n")
+                zygote.stdin.flush()
+            leader = int(zygote.stdout.readline() or 0) or None  # nothing: the zygote ended
+        while leader is not None and not codes.exists():
             if time.monotonic() > deadline:
                 timed_out = True
                 break
-            if any(p.poll() not in (None, 0) for p in procs):
-                # A rank failed: its peers get a moment to fail on their own, then they go.
-                deadline = min(deadline, time.monotonic() + 5)
             time.sleep(0.02)
     finally:
-        for proc in procs:
+        if leader is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+                os.killpg(leader, signal.SIGKILL)  # the leader, its ranks and all they started
+    exitcodes = json.loads(codes.read_text()) if codes.exists() else [None] * world_size
     ranks = []
     for rank in range(world_size):
         path = Path(reports, f"rank{rank}.json")
         ranks.append(json.loads(path.read_text()) if path.exists() else None)
-    return {"timed_out": timed_out, "exitcodes": [p.returncode for p in procs], "ranks": ranks}
+    return {"timed_out": timed_out, "exitcodes": exitcodes, "ranks": ranks}
 
 
 def _weights(path: Path):

@@ -1,16 +1,23 @@
 """Automatic mixed precision: the forward pass in 16 bits, the weights and the update in 32.
 
-Under ``torch.autocast`` each operation picks its own precision: matrix multiplications and
-convolutions run in a 16-bit type, while reductions, softmax and losses stay in float32. The
-parameters stay float32 throughout (never call ``model.half()`` for AMP), so the optimizer
-updates full-precision weights.
+Under ``torch.autocast`` each operation picks its own precision from per-device lists: matrix
+multiplications and convolutions run in a 16-bit type, and losses run in float32 on every device.
+Softmax, ``log_softmax``, sums and ``layer_norm`` are on CUDA's float32 list but not on the
+CPU's: there they keep their input's type, so after a bfloat16 matmul they come out in bfloat16.
+Every operation on no list also keeps its input's type. The parameters stay float32 throughout
+(never call ``model.half()`` for AMP), so the optimizer updates full-precision weights.
 
 Which 16-bit type
     float16 has 10 mantissa bits but only 5 exponent bits: its smallest positive value is about
     6e-8, so small gradients round to zero (underflow). bfloat16 has float32's 8 exponent bits
-    and only 7 mantissa bits: coarser, but it reaches down to about 1e-38 as float32 does. This
-    module follows autocast's own defaults: float16 on CUDA and Apple MPS, and bfloat16 on
-    the CPU (the type its CPU kernels are tuned for, and one that needs no scaler).
+    and only 7 mantissa bits: coarser, but it reaches down to about 1e-38 as float32 does.
+    Which one to train in depends on the hardware: bfloat16 on NVIDIA GPUs from Ampere on
+    (``torch.cuda.is_bf16_supported(including_emulation=False)``) and on CPUs with bfloat16
+    instructions (AVX512-BF16, AMX), with no scaler; float16 with a ``GradScaler`` on older
+    GPUs; on a CPU without bfloat16 instructions autocast's bfloat16 is computed through float32
+    and is slower than float32 itself. This module follows autocast's own defaults instead, the
+    same on every machine so that chapter 10's check compares one thing: float16 on CUDA and
+    Apple MPS, bfloat16 on the CPU.
 
 Why float16 needs a ``GradScaler`` and bfloat16 does not
     The scaler multiplies the loss by a large factor ``S`` (65536 to start) before ``backward``,
@@ -29,8 +36,8 @@ Knowing when an update was skipped
 Is it faster?
     On GPUs with tensor cores, large 16-bit matrix multiplications run much faster and the
     activations they save take half the memory. On a CPU without bfloat16 instructions,
-    autocast gives the same numbers to bfloat16 precision but is not faster and can be slower:
-    measure before claiming.
+    autocast gives the same numbers to bfloat16 precision but is slower (chapter 10 measures
+    by how much on the learner's device): measure before claiming.
 """
 
 from __future__ import annotations

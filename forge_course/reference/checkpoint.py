@@ -8,8 +8,10 @@ out and the resumed run still trains, but it is a different run, and nothing tel
 
 A checkpoint here is a plain dict of tensors, numbers, strings, lists and dicts, so it loads with
 ``torch.load(path, weights_only=True)``, the safe default since torch 2.6: loading it cannot run
-code hidden in the file. It is written to a temporary file, flushed to disk, then renamed over the
-target, so a crash during a save never leaves a half-written file under a checkpoint's name.
+code hidden in the file. It is written to a temporary file in the target's folder, flushed and
+synced to disk, renamed over the target, and then the folder itself is synced, because the rename
+is a change to the folder that a power cut could otherwise undo. A crash during a save never
+leaves a half-written file under a checkpoint's name.
 
 Naming scheme: ``step-00000120.pt`` for the checkpoint taken after optimizer step 120
 (`checkpoint_path`). When a save replaces an existing file, the old one is kept as

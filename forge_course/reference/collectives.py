@@ -211,8 +211,10 @@ def run_ranks(
     """Run ``fn(rank, *args)`` in ``world_size`` forked processes; never longer than ``timeout_s``.
 
     Fork (not spawn) lets ``fn`` be a function defined in a notebook cell: nothing is pickled.
-    It also means ``fn`` must not run autograd or CUDA: a child forked after either has started
-    in the parent cannot use it (`gloo_all_reduce` needs neither). Every rank is killed, with
+    It also means that if the calling process has run autograd or CUDA, ``fn`` must use neither:
+    a child forked after either has started in the parent cannot use it (`gloo_all_reduce` needs
+    neither; `forge_course.reference.ddp.gradient_scaling` forks its DDP ranks from a fresh
+    interpreter that has run neither). Every rank is killed, with
     whatever it started, when the time is up or when one rank fails and the others outlive it by
     a few seconds.
 

@@ -11,11 +11,14 @@ The same training loop (`train`) runs three ways, as in pytorch/examples:
 Why the weights agree: `DistributedSampler` gives rank ``r`` the examples ``r, r + W, r + 2W, …``
 of one shuffled order shared by all ``W`` ranks, so step ``s`` of the ranks together covers
 exactly the ``s``-th global batch of that order. Each rank's loss is the mean over its
-``B / W`` examples; during ``backward()`` DDP all-reduces the gradients and divides by ``W``, so
-every rank holds the gradient of the mean over all ``B`` examples, which is what one process
-computes on the whole batch. Only the order of the float additions differs, so the weights match
-to about 1e-9, not bit for bit. They are bit-for-bit equal *across ranks*: every rank applies
-the same averaged gradient to the same starting weights.
+``B / W`` examples; during ``backward()`` DDP multiplies each gradient by ``1 / W`` as it copies
+it into a bucket, then all-reduces (sums) the buckets, so every rank holds the gradient of the
+mean over all ``B`` examples, which is what one process computes on the whole batch. The scaling
+comes *before* the sum: `gradient_scaling` shows it on 3 ranks, where scaling first reproduces
+DDP's gradients bit for bit and dividing the sum afterwards does not. Only the order of the
+float operations differs from one process, so the weights match to about 1e-9, not bit for bit.
+They are bit-for-bit equal *across ranks*: every rank applies the same averaged gradient to the
+same starting weights.
 
 A distributed run must never hang a course machine: the process group gets a timeout, a free
 port, and is always destroyed; a rank that raises ends the run (spawn's join raises
@@ -27,9 +30,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -51,6 +57,7 @@ from forge_course.reference.guard import reference
 __all__ = [
     "ddp_worker",
     "free_port",
+    "gradient_scaling",
     "make_dataset",
     "make_model",
     "run_demo",
@@ -299,6 +306,80 @@ def run_demo(
     return {**summary, "weights": [result["weights"] for result in ranks]}
 
 
+def _scaling_rank(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=TIMEOUT_S),
+    )
+    wrapped = None
+    try:
+        x, y = make_dataset(steps=1, global_batch=4 * world_size).tensors
+        x, y = x[rank::world_size], y[rank::world_size]  # this rank's 4 examples
+        plain, wrapped = make_model(), DistributedDataParallel(make_model())
+        for model in (plain, wrapped):
+            nn.functional.mse_loss(model(x), y).backward()
+        local = torch.cat([p.grad.reshape(-1) for p in plain.parameters()])
+        ddp = torch.cat([p.grad.reshape(-1) for p in wrapped.module.parameters()])
+        # The same all-reduce DDP uses (a sum), with the division by W in three places.
+        orders = {
+            "times 1/W, then summed": local * (1.0 / world_size),
+            "divided by W, then summed": local / world_size,
+            "summed, then divided by W": local.clone(),
+        }
+        for buffer in orders.values():
+            dist.all_reduce(buffer)
+        orders["summed, then divided by W"] /= world_size
+        if rank == 0:
+            equal = {name: int((buffer == ddp).sum()) for name, buffer in orders.items()}
+            torch.save({"entries": ddp.numel(), "equal": equal}, Path(out_dir) / "scaling.pt")
+        dist.barrier()
+    finally:
+        wrapped = None  # free DDP's reducer before its process group, as in _train_rank
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _gradient_scaling_here(world_size: int) -> dict[str, Any]:
+    """`gradient_scaling`'s ranks, forked from this process, which must not have run autograd."""
+    from forge_course.reference.collectives import run_ranks
+
+    # DDP's first construction imports torch._dynamo (hundreds of modules): import it once here,
+    # before the fork, rather than once in every rank.
+    importlib.import_module("torch._dynamo")
+    with tempfile.TemporaryDirectory(prefix="forge-scaling-") as out_dir:
+        args = (world_size, f"tcp://127.0.0.1:{free_port()}", out_dir)
+        run = run_ranks(_scaling_rank, world_size, args, timeout_s=TIMEOUT_S)
+        if not run["ok"]:
+            why = next(iter(run["errors"].values()), "the ranks timed out")
+            raise RuntimeError(f"gradient_scaling over {world_size} gloo ranks failed:\n{why}")
+        return torch.load(Path(out_dir) / "scaling.pt", weights_only=True)
+
+
+def gradient_scaling(world_size: int = 3) -> dict[str, Any]:
+    """Where DDP divides by the world size: before the all-reduce, or after it?
+
+    Each of ``world_size`` gloo ranks computes one backward pass on its own 4 examples twice,
+    through DDP and through a plain copy of the model, then all-reduces the plain gradient three
+    ways. With 2 ranks all three agree (halving is exact in binary floating point); with 3 only
+    one of them matches DDP in every entry.
+
+    The ranks are forked from a fresh interpreter (``python -m forge_course.reference.ddp
+    --gradient-scaling N``), which imports torch once for all of them: a process that has run
+    autograd or CUDA, such as a notebook's kernel, must not fork them itself.
+
+    Returns:
+        ``{"entries": n, "equal": {order: entries equal to DDP's gradient}}`` from rank 0.
+    """
+    command = [sys.executable, "-m", __name__, "--gradient-scaling", str(world_size)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S + 30)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 # Under torchrun, @record puts a failing rank's traceback into the launcher's error report.
 @record
 def main(argv: list[str] | None = None) -> int:
@@ -310,7 +391,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds")
     parser.add_argument("--fail-rank", type=int, default=None, help="make this rank raise")
+    parser.add_argument(
+        "--gradient-scaling", type=int, metavar="N", help="only run `gradient_scaling` on N ranks"
+    )
     args = parser.parse_args(argv)
+    if args.gradient_scaling:
+        print(json.dumps(_gradient_scaling_here(args.gradient_scaling)))
+        return 0
     run = (args.steps, args.global_batch, args.seed)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -4,16 +4,20 @@ Evaluation looks like training without ``backward`` and ``step``, and three deta
 right or quietly wrong:
 
 1. **Eval mode.** ``model.eval()`` switches dropout off and makes batch norm use its running
-   statistics; otherwise every evaluation measures a different random sub-network. The model's
-   previous mode is put back afterwards, so a training loop that calls ``evaluate`` keeps
-   training in train mode.
+   statistics; otherwise every evaluation measures a different random sub-network. Afterwards
+   each module gets back its own previous mode, not ``model.train()``: a training loop that
+   calls ``evaluate`` goes on in train mode, a served model stays in eval mode, and a batch
+   norm frozen in eval mode while the rest trains stays frozen. This is the course's one rule
+   for evaluation helpers (chapter 06); chapters 07 and 12 follow it.
 2. **No graph.** Under ``torch.no_grad()`` autograd records nothing, so the activations that
    ``backward`` would need are not stored. ``torch.inference_mode()`` goes a step further: its
    tensors can never join a graph later, which lets PyTorch skip some bookkeeping.
 3. **Weighted means.** With ``reduction="mean"`` each batch's loss is a mean over that batch.
    Averaging those means over-weights a short last batch (10 examples in batches of 4 give means
    over 4, 4 and 2), so each batch mean is multiplied back by its size and the sum divided by
-   the number of examples.
+   the number of examples. That holds when every example counts once in its batch's mean; a
+   class-weighted or ``ignore_index`` loss divides by the weight of the targets it counts, and
+   its dataset mean is the sum of ``reduction="sum"`` losses over that total weight instead.
 """
 
 from __future__ import annotations

@@ -3,11 +3,19 @@
 `training_arithmetic` counts a run; this module lists one epoch of it, micro-batch by
 micro-batch, as the correct gradient-accumulation loop walks a ``DataLoader``:
 
+    sizes = [size for size, _ in update_schedule(N, B, K, drop_last)]
     for i, (x, y) in enumerate(loader):
-        (loss_fn(model(x), y) / K).backward()
+        group = sizes[i - i % K : i - i % K + K]  # the micro-batches of this update
+        (loss_fn(model(x), y) * len(x) / sum(group)).backward()
         if (i + 1) % K == 0 or i + 1 == len(loader):
             optimizer.step()
             optimizer.zero_grad()
+
+Each micro-batch's mean loss is weighted by its share of the examples its update uses, chapter
+10's ``n_i / N``, so that ``.grad`` ends up holding the gradient of the mean over those examples,
+as one big batch would. The familiar ``/ K`` is that weight only when all ``K`` micro-batches of
+the group are full; in a group that holds the short last micro-batch it gives each of the short
+one's examples more weight than the others.
 
 Micro-batch ``i`` (counted from 0) holds ``B`` examples, except the last one without
 ``drop_last``, which holds the ``N - (I - 1)·B`` left over. The optimizer steps after every
