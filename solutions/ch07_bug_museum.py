@@ -1201,7 +1201,7 @@ def fit_buggy(model, optimizer, loss_fn, train_loader, val_loader, epochs, devic
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
-            history.append(loss)  # bug: keeps every graph
+            history.append(loss)  # bug: keeps every step's autograd nodes
         with torch.no_grad():  # bug: no model.eval(), so Dropout stays on
             val = sum(loss_fn(model(x.to(device)), y.to(device)).item() for x, y in val_loader)
         history.append(val / len(val_loader))
@@ -1347,7 +1347,7 @@ check_choice(
 #     loss.backward()                         # once per graph; no retain_graph=True to silence errors
 #     norm = clip_grad_norm_(model.parameters(), max_norm)  # returns the norm before clipping: log it
 #     optimizer.step()
-#     log.append(loss.item())                 # a number: a kept tensor keeps its graph
+#     log.append(loss.item())                 # a number: a kept tensor keeps its autograd nodes
 # modes = {m: m.training for m in model.modules()}  # chapter 06's rule, before model.eval()
 # model.eval()                                # without it: Dropout on, evaluations disagree
 # with torch.no_grad():                       # without it: each forward records a graph

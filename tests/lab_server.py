@@ -7,6 +7,7 @@ set-up run as written, in a copy of the course with a fresh venv and no `make` o
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -33,10 +34,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(url: str) -> bytes:
-    request = urllib.request.Request(url, headers={"Authorization": f"token {TOKEN}"})
+def get(url: str, method: str = "GET") -> bytes:
+    request = urllib.request.Request(
+        url, headers={"Authorization": f"token {TOKEN}"}, method=method
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.read()
+
+
+def shut_down_kernels(base: str) -> None:
+    """End every kernel the Lab runs, as a learner closing a chapter would: an idle kernel left
+    running holds its memory and wakes for its widgets while the next chapter runs."""
+    for kernel in json.loads(get(f"{base}/api/kernels")):
+        get(f"{base}/api/kernels/{kernel['id']}", method="DELETE")
 
 
 def readme_commands(language: str, readme: Path = REPO / "README.md") -> list[str]:

@@ -119,13 +119,13 @@ def test_round_trip(chapter, tmp_path):
                              unsafe=True)  # fmt: skip
     for student in students:
         for test, r in forge[(student, chapter)].items():
-            said = f"{r['status']}: {r['message'][:300]}"
+            said = f"{r['status']}: {r['message']}"
             if student not in NBGRADER_STUDENTS:
                 verdicts.setdefault(student, {})[test] = (r["points"], r["max_points"], said)
             elif r["points"] != verdicts[student][test][0]:
                 problems.append(
                     f"forge-course grade gives {student} {r['points']} on {test}, "
-                    f"nbgrader {verdicts[student][test][0]}: {said}"
+                    f"nbgrader {verdicts[student][test][0]}: {said[:300]}"
                 )
 
     for test, (score, top, said) in verdicts["solution"].items():

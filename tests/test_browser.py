@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import CHAPTERS, REPO
-from tests.lab_server import TOKEN, get, pip_only_lab, shared_pip_only_course
+from tests.lab_server import TOKEN, get, pip_only_lab, shared_pip_only_course, shut_down_kernels
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = REPO / "test-artifacts" / "browser"
@@ -139,3 +139,4 @@ def test_chapter_runs_in_jupyterlab_with_live_widgets(browser_page, chapter):
         assert _a_slider_changes_the_picture(page), "no slider changed the simulation's picture"
     finally:
         page.screenshot(path=str(ARTIFACTS / f"{chapter}.png"), full_page=False)
+        shut_down_kernels(base)

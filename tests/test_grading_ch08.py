@@ -386,3 +386,12 @@ def test_adam_question_first_step_is_the_learning_rate():
     assert math.isclose(-w.item(), 0.01, rel_tol=1e-9)
     without_correction = 0.01 * (0.1 * 250) / math.sqrt(0.001 * 250**2)
     assert math.isclose(without_correction, 0.0316227766, rel_tol=1e-9)
+
+
+def test_every_grading_run_has_a_decaying_adamw_case(monkeypatch):
+    """Adam and AdamW differ only through weight decay: a run whose AdamW cases all had none
+    would pass `adamw_is_adam` (about one run in 81 had none)."""
+    for seed in range(300):
+        monkeypatch.setenv("FORGE_GRADING_SEED", str(seed))
+        adamw = [c for c in ch08.fit_cases(thorough=True) if c["optimizer"] == "adamw"]
+        assert adamw and all(c["weight_decay"] > 0 for c in adamw), seed

@@ -1,10 +1,10 @@
 """The loop doctor: run a training loop under instrumentation and name the silent bugs it shows.
 
 Most training bugs do not crash: a missing `zero_grad()`, validation in train mode, a list of
-losses that keeps every graph alive. The doctor hands a learner's training function a small,
-seeded problem, watches the run (forward and gradient hooks, every optimizer step, the loaders,
-the loss), and reports each bug it sees with a stable code, a one-sentence explanation and the
-evidence from this run::
+loss tensors that keeps every step's autograd nodes alive. The doctor hands a learner's training
+function a small, seeded problem, watches the run (forward and gradient hooks, every optimizer
+step, the loaders, the loss), and reports each bug it sees with a stable code, a one-sentence
+explanation and the evidence from this run::
 
     from forge_course.doctor import diagnose
 

@@ -22,8 +22,9 @@ CODES: dict[str, str] = {
         "validation numbers are noisy: call `model.eval()` before validating."
     ),
     "train_mode_not_restored": (
-        "Training ran with the model in eval mode (Dropout off), most likely because "
-        "`model.train()` is not called again after validation."
+        "Training ran with the model in eval mode (Dropout off): validation switched it to eval "
+        "and nothing switched it back. After validating, put each module's mode back as it was "
+        "(chapter 06), or call `model.train()` at the start of every epoch."
     ),
     "grad_enabled_in_eval": (
         "Validation recorded an autograd graph, storing activations for a backward pass that never "

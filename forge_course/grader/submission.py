@@ -222,8 +222,8 @@ class _Job:
                 return self.result("resource limit", "Your code started too many processes.")
             if "[Errno 24]" in text:  # the per-process cap on open files
                 return self.result("resource limit", "Your code opened too many files at once.")
-            if not text.startswith(f"[{self.exercise.grade_id}]"):
-                text = f"[{self.exercise.grade_id}] {text}"
+            text = text.removeprefix(f"[{self.exercise.grade_id}] ")
+            text = f"[{self.exercise.grade_id}] {self.exercise.explain_raised(text, case)}"
             return self.result("wrong", _with_cell_error(text, reading.ran))
         try:
             observed = codec.from_plain(message["observation"])

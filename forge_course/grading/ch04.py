@@ -186,8 +186,8 @@ TRAIN_STEP_MISTAKES = [
         _step_before_backward,
     ),
     (
-        "the function returns the loss *tensor*. Return `loss.item()`: a caller that keeps the "
-        "tensor keeps its whole graph in memory.",
+        "the function returns the loss *tensor*. Return `loss.item()`, a plain number: a "
+        "caller that keeps the tensor keeps its autograd nodes alive, and on a GPU its memory.",
         _returns_tensor,
     ),
 ]

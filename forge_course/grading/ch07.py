@@ -146,6 +146,11 @@ GRAD_NORM_MISTAKES = [
     ),
 ]
 
+def _grad_norm_raised(message: str, case: dict) -> str:
+    """The kind of model's own hint, for an answer that raised on it."""
+    return GRAD_MODEL_HINTS.get(case["model"], "") if "` raised " in message else ""
+
+
 GRAD_NORM = Exercise(
     grade_id="ch07_grad_norm",
     function="grad_norm",
@@ -156,27 +161,9 @@ GRAD_NORM = Exercise(
     mistakes=GRAD_NORM_MISTAKES,
     hint="square every gradient entry of every parameter that has a .grad, add them all up, "
     "take one square root, and return a float.",
+    raised_hint=_grad_norm_raised,
 )
-
-
-def _with_case_hint(err: Mistake, case: dict) -> Mistake:
-    """Add the case's own hint to the message of an answer that raised on it."""
-    hint = GRAD_MODEL_HINTS.get(case["model"], "")
-    message = str(err).split("] ", 1)[1]
-    if not hint or err.__cause__ is None or "Likely mistake" in message:
-        return err
-    return Mistake(GRAD_NORM.grade_id, f"{message}\nLikely mistake: {hint}")
-
-
-def check_grad_norm(grad_norm: Callable, thorough: bool = False) -> None:
-    """Compare ``grad_norm`` with the reference; name the usual slip when they differ."""
-    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
-    for case in grad_norm_cases(thorough):
-        try:
-            got = observe_grad_norm(grad_norm, case)
-        except Mistake as err:
-            raise _with_case_hint(err, case) from err.__cause__
-        GRAD_NORM.judge(case, got)
+check_grad_norm = GRAD_NORM.check
 
 
 # ---------------------------------------------------------------- ch07_leak_check
@@ -301,6 +288,15 @@ LEAK_MISTAKES = [
     ),
 ]
 
+def _leak_check_raised(message: str, case: dict) -> str:
+    if "` raised RecursionError" not in message:
+        return ""
+    return (
+        "a string is iterable, and each of its characters is a string again, so recursing into "
+        "every iterable never ends. Open only lists, tuples and dicts."
+    )
+
+
 LEAK_CHECK = Exercise(
     grade_id="ch07_leak_check",
     function="graph_leaks",
@@ -311,26 +307,11 @@ LEAK_CHECK = Exercise(
     mistakes=LEAK_MISTAKES,
     hint="a tensor counts 1 when its grad_fn is not None, every time it is stored; lists, tuples "
     "and dict values are searched, nested to any depth; everything else counts 0.",
+    raised_hint=_leak_check_raised,
 )
 
 
-def check_leak_check(graph_leaks: Callable, thorough: bool = False) -> None:
-    """Compare ``graph_leaks`` with the reference on logs of every shape."""
-    __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
-    for case in leak_cases(thorough):
-        try:
-            got = observe_leak_check(graph_leaks, case)
-        except Mistake as err:
-            if isinstance(err.__cause__, RecursionError):
-                raise Mistake(
-                    LEAK_CHECK.grade_id,
-                    f"`graph_leaks` recursed forever (case: {label_leak_check(case)}).\n"
-                    "Likely mistake: a string is iterable, and each of its characters is a "
-                    "string again, so recursing into every iterable never ends. Open only "
-                    "lists, tuples and dicts.",
-                ) from err.__cause__
-            raise
-        LEAK_CHECK.judge(case, got)
+check_leak_check = LEAK_CHECK.check
 
 
 # ---------------------------------------------------------------- ch07_mystery_loops

@@ -283,6 +283,9 @@ class Exercise:
         hint: the likely mistake to suggest when none of ``mistakes`` matches.
         prepare: ``prepare(observation, target, case)``, applied to an observation before it is
             compared with ``target``; for example to accept rounding a case legitimately allows.
+        raised_hint: ``raised_hint(message, case) -> str``, the likely mistake of an answer
+            whose call ended in the `Mistake` ``message`` (as text: a grading worker sends
+            only text) on ``case``; "" for none. Applied in a notebook and in the grader alike.
     """
 
     grade_id: str
@@ -294,6 +297,7 @@ class Exercise:
     mistakes: Sequence[tuple[str, Callable]] = ()
     hint: str = ""
     prepare: Callable[[Observation, Observation, dict], Observation] | None = None
+    raised_hint: Callable[[str, dict], str] | None = None
 
     @property
     def observer(self) -> dict[str, str]:
@@ -346,11 +350,25 @@ class Exercise:
             hint=self.hint,
         )
 
+    def explain_raised(self, message: str, case: dict) -> str:
+        """``message``, the text of a `Mistake` the observation of ``case`` ended in, with the
+        likely mistake (`raised_hint`) added where there is one and none is named yet."""
+        hint = self.raised_hint(message, case) if self.raised_hint else ""
+        return f"{message}\nLikely mistake: {hint}" if hint and "Likely mistake" not in message else message
+
     def check(self, fn: Callable, thorough: bool = False) -> None:
         """Observe ``fn`` on every case and judge it: what a notebook's test cell calls."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
         for case in self.cases(thorough):
-            self.judge(case, self.observe(fn, case))
+            try:
+                observed = self.observe(fn, case)
+            except Mistake as err:
+                message = str(err).removeprefix(f"[{self.grade_id}] ")
+                explained = self.explain_raised(message, case)
+                if explained == message:
+                    raise
+                raise Mistake(self.grade_id, explained) from err.__cause__
+            self.judge(case, observed)
 
 
 def check_choice(

@@ -47,8 +47,8 @@ class EpochPlan:
         requested_with: for each batch, the batch being handed to the model when the main
             process requested it, or None for the batches requested as the epoch starts.
         unseen: indices in no batch this epoch (the tail that ``drop_last`` cuts).
-        base_seed: the loader's draw for the workers' seeds; worker ``w`` is seeded with
-            ``base_seed + w``.
+        base_seed: the loader's draw for the workers' seeds: worker ``w`` seeds torch and
+            `random` with ``base_seed + w``, and NumPy with a state mixed from both.
         settings: the arguments the plan was made from.
     """
 
