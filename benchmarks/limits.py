@@ -80,22 +80,13 @@ def measure(chapters: list[str]) -> tuple[dict[str, dict[str, float]], dict[str,
     peaks: dict[str, dict[str, float]] = {}
     grading_now = run.grade_notebook
 
-    class Measured(sandbox.Session):
-        """A submission's sandbox that files its peaks under the chapter being graded."""
-
-        chapter = ""
-
-        def __exit__(self, *exc) -> None:
-            peaks[self.chapter] = dict(self.peaks)
-            super().__exit__(*exc)
-
-    def grade_notebook(assignment, *args):
-        Measured.chapter = assignment.id  # one submission at a time: --jobs 1
-        return grading_now(assignment, *args)
+    def grade_notebook(assignment, path, box, seed):
+        results = grading_now(assignment, path, box, seed)
+        peaks[assignment.id] = dict(box.peaks)  # the submission's own: begun with it
+        return results
 
     with tempfile.TemporaryDirectory(prefix="forge-limits-") as tmp, contextlib.ExitStack() as s:
         submitted = solution_class(Path(tmp), chapters)
-        s.enter_context(mock.patch.object(sandbox, "Session", Measured))
         s.enter_context(mock.patch.object(run, "grade_notebook", grade_notebook))
         outcomes = run.grade(chapters, submitted=submitted, grading=Path(tmp) / "grading", jobs=1,
                              limits=ROOMY, progress=False, seed=SEED, force=True)  # fmt: skip

@@ -142,10 +142,13 @@ def index_notebook(written: list[str]) -> nbformat.NotebookNode:
     return nb
 
 
-def build_sources(repo: Path = REPO, out: Path | None = None) -> list[str]:
-    """Convert every ``solutions/*.py`` into ``<out>/<chapter>/<chapter>.ipynb``."""
+def build_sources(
+    repo: Path = REPO, out: Path | None = None, chapters: list[str] | None = None
+) -> list[str]:
+    """Convert ``solutions/<chapter>.py`` into ``<out>/<chapter>/<chapter>.ipynb`` for each of
+    ``chapters`` (every chapter by default)."""
     out = out or repo / "build" / "source"
-    chapters = chapter_ids(repo)
+    chapters = chapter_ids(repo) if chapters is None else chapters
     for chapter in chapters:
         nb = source_notebook(repo / "solutions" / f"{chapter}.py")
         write_notebook(nb, out / chapter / f"{chapter}.ipynb")

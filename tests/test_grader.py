@@ -141,8 +141,10 @@ def test_every_isolation_keeps_loopback_and_leaves_no_process_behind(mode):
     assert not leftovers, f"processes left behind: {leftovers}"
 
 
-def test_the_sandbox_refuses_namespaces_mounts_and_ptrace():
-    """The seccomp filter: calls no answer needs fail with EPERM, whatever starts them."""
+def test_the_sandbox_refuses_namespaces_mounts_ptrace_and_lasting_ipc():
+    """The seccomp filter: calls no answer needs fail with EPERM, whatever starts them. System V
+    IPC objects and POSIX message queues would outlive the job in a worker that serves the
+    next student: no program run by an answer can make one."""
     if sandbox.isolation() != "bubblewrap":
         pytest.skip("the seccomp filter comes with bubblewrap")
     answer = (
@@ -151,12 +153,16 @@ def test_the_sandbox_refuses_namespaces_mounts_and_ptrace():
         "         (['unshare', '-U', 'true'], ['unshare', '-n', 'true'], ['true'])]\n"
         "run = subprocess.run(['unshare', '-U', 'true'], capture_output=True, text=True)\n"
         "denied = run.stderr\n"
+        "ipc = [subprocess.run(['ipcmk', flag], capture_output=True, text=True).stderr\n"
+        "       for flag in ('-M4096', '-S1', '-Q')]\n"
     )
-    outcome = sandbox.run({"prelude": "", "answer": answer, "variables": ["codes", "denied"]},
-                          LIMITS)  # fmt: skip
+    names = ["codes", "denied", "ipc"]
+    outcome = sandbox.run({"prelude": "", "answer": answer, "variables": names}, LIMITS)
     values = next(m["variables"] for m in outcome.messages if "variables" in m)
     assert values["codes"][:2] != [0, 0] and values["codes"][2] == 0, values
     assert "not permitted" in values["denied"], values
+    if shutil.which("ipcmk"):
+        assert all("not permitted" in said for said in values["ipc"]), values
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ students and the outputs intact. Kinds of attack (each with several cases of its
 * reaching an answer: the references, the checks' grader half, the course's files or history
   are not in the sandbox, whatever the spelling;
 * one exercise controlling the next: files planted in the working folder or ``/tmp``;
+* one student controlling the next, graded after them by the same warm worker: files, folders
+  made unreadable, a folder's mode, a process that outlives its job;
 * forging the worker's messages: lines it never writes, duplicated results, huge numbers,
   deep nesting;
 * refused at run time: memory searches, native libraries, trace hooks;
@@ -297,3 +299,67 @@ def test_grading_refuses_to_run_without_a_sandbox_unless_told(monkeypatch, tmp_p
     monkeypatch.setattr(sandbox, "isolation", lambda: "process")
     with pytest.raises(run.SandboxUnavailable, match="bubblewrap"):
         run.grade([CH], grading=tmp_path, progress=False)
+
+
+# One student controlling the next: a warm worker grades one submission after another, so
+# whatever the first leaves in its sandbox (files, unreadable folders, a process that
+# outlives its job, /tmp made read-only) would reach the second. The planters leave what they
+# can; each probe, graded next by the same worker, fails its exercise if it finds any of it.
+PLANT = """import os, pkgutil, sys, time
+os.makedirs('/tmp/forge-planted-locked/inner', exist_ok=True)
+open('/tmp/forge-planted-locked/inner/answer', 'w').write('42')
+os.chmod('/tmp/forge-planted-locked/inner', 0)
+os.chmod('/tmp/forge-planted-locked', 0o100)
+open('/tmp/forge-planted-file', 'w').write('42')
+open('/dev/shm/forge-planted-shm', 'w').write('42')
+os.makedirs(os.path.expanduser('~/.cache'), exist_ok=True)
+open(os.path.expanduser('~/.cache/forge-planted-home'), 'w').write('42')
+start = pkgutil.resolve_name('sub' + 'process.Popen')  # past the static scan
+start([sys.executable, '-c', 'import time\\nwhile True:\\n'
+       '    open(\\'/tmp/forge-planted-lingering\\', \\'w\\').close()\\n    time.sleep(0.02)'],
+      start_new_session=True)
+time.sleep(0.5)
+assert os.path.exists('/tmp/forge-planted-lingering')
+"""
+LOCK = "import os\nos.chmod('/dev/shm', 0o500)\nos.chmod('/tmp', 0o500)\n"
+PROBE = """import os, time
+time.sleep(0.3)
+def _traces():
+    found = []
+    for top in ('/tmp', '/dev/shm'):
+        device = os.stat(top).st_dev
+        for root, folders, files in os.walk(top, onerror=found.append):
+            folders[:] = [f for f in folders
+                          if os.lstat(os.path.join(root, f)).st_dev == device]
+            found += [name for name in folders + files if 'planted' in name]
+        if not os.access(top, os.W_OK):
+            found.append(top + ' is not writable')
+    return found
+assert not _traces(), _traces()
+"""
+
+
+def test_one_student_leaves_nothing_for_the_next(tmp_path):
+    if sandbox.isolation() != "bubblewrap":
+        pytest.skip("without bubblewrap every submission gets a fresh worker")
+    solved = _solved(HAND)
+    submitted = tmp_path / "submitted"
+    submit(submitted, "a_planter", {HAND: PLANT + solved})
+    submit(submitted, "b_probe", {HAND: PROBE + solved, TRAIN: PROBE + _solved(TRAIN)})
+    submit(submitted, "c_locker", {HAND: LOCK + solved})
+    submit(submitted, "d_probe", {HAND: PROBE + solved})
+    # One job at a time: one warm worker grades them in this order.
+    outcomes = run.grade([CH], submitted=submitted, grading=tmp_path / "grading", jobs=1,
+                         limits=LIMITS, progress=False, seed=1234)  # fmt: skip
+    assert outcomes[("a_planter", CH)][HAND_TEST]["status"] == "graded"  # it planted them all
+    for probe in ("b_probe", "d_probe"):
+        results = outcomes[(probe, CH)]
+        assert all(r["status"] == "graded" for r in results.values()), results
+    assert not subprocess.run(["pgrep", "-f", "forge-planted"], capture_output=True).stdout
+
+
+def _solved(grade_id: str) -> str:
+    cells = nbformat.read(SOLVED, as_version=4).cells
+    return next(
+        c.source for c in cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id
+    )

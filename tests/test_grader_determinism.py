@@ -1,9 +1,9 @@
 """A grade depends on the answer alone: the same class, any ``--jobs``, any order, same grades.
 
-The chapters here are those whose checks draw random numbers or change process-wide settings
-while they observe the reference (seeds, generators' states, thread counts): each class holds
-two copies of the instructor's solution and one of each typical wrong answer, graded with one
-job and with four (so in another order, and side by side).
+One class holds every chapter: two copies of each chapter's instructor solution and one typical
+wrong answer, so each run mixes right and wrong answers of every chapter, graded side by side.
+It is graded with one job, two and four; the third time the students' folders are renamed so
+that they are graded in another order, beside other neighbours.
 """
 
 import nbformat
@@ -11,46 +11,54 @@ import pytest
 
 from forge_course.grader import run
 from forge_course.release import build_sources, generate_release
-from tests.conftest import REPO
+from tests.conftest import CHAPTERS, REPO
 from tests.test_autograde import _answers, _solutions, _submission
 
 pytestmark = pytest.mark.slow
 
-CHAPTERS = ["ch04_one_training_step", "ch06_evaluation_loop", "ch09_production_loop"]
+
+STUDENTS = ("solution_0", "solution_1", "wrong")
 
 
-def _class(root, chapter) -> dict[str, dict]:
+def _class(root, folder) -> None:
     build_sources(REPO, root / "build" / "source")
-    generate_release(root, [chapter])
-    name = f"{chapter}.ipynb"
-    source = nbformat.read(root / "build" / "source" / chapter / name, as_version=4)
-    released = nbformat.read(root / "notebooks" / chapter / name, as_version=4)
-    solved, wrong = _solutions(source), _answers(chapter).WRONG
-    students = {f"solution_{i}": solved for i in range(2)}
-    for cell, options in wrong.items():
-        students[f"wrong_{cell}"] = {**solved, cell: options[0][0]}
-    for student, replacements in students.items():
-        path = root / "submitted" / student / chapter / name
-        path.parent.mkdir(parents=True)
-        nbformat.write(_submission(released, replacements), path)
-    return students
+    generate_release(root, CHAPTERS)
+    for chapter in CHAPTERS:
+        name = f"{chapter}.ipynb"
+        source = nbformat.read(root / "build" / "source" / chapter / name, as_version=4)
+        released = nbformat.read(root / "notebooks" / chapter / name, as_version=4)
+        solved = _solutions(source)
+        cell, options = next(iter(_answers(chapter).WRONG.items()))
+        wrong = {**solved, cell: options[0][0]}
+        for student in STUDENTS:
+            path = folder / student / chapter / name
+            path.parent.mkdir(parents=True)
+            nbformat.write(_submission(released, wrong if student == "wrong" else solved), path)
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS)
-def test_the_same_class_gets_the_same_grades_with_any_number_of_jobs(chapter, tmp_path):
-    students = _class(tmp_path, chapter)
-    grades = {}
-    for jobs in (1, 4):
-        grades[jobs] = run.grade([chapter], submitted=tmp_path / "submitted", jobs=jobs,
-                                 grading=tmp_path / f"jobs{jobs}", progress=False, unsafe=True,
-                                 seed=99, force=True)  # fmt: skip
-    assert grades[1] == grades[4]
-    for i in range(2):
-        results = grades[1][(f"solution_{i}", chapter)]
-        assert all(r["status"] == "graded" for r in results.values()), results
-    for student in students:
-        if student.startswith("wrong_"):
-            statuses = [r["status"] for r in grades[1][(student, chapter)].values()]
-            assert "wrong" in statuses, (student, statuses)
-    csvs = [(tmp_path / f"jobs{jobs}" / "grades.csv").read_text() for jobs in (1, 4)]
-    assert csvs[0] == csvs[1]
+def _grade(folder, grading, jobs):
+    return run.grade(CHAPTERS, submitted=folder, jobs=jobs, grading=grading, progress=False,
+                     unsafe=True, seed=99, force=True)  # fmt: skip
+
+
+def test_the_same_class_gets_the_same_grades_with_any_number_of_jobs_in_any_order(tmp_path):
+    _class(tmp_path, tmp_path / "submitted")
+    one = _grade(tmp_path / "submitted", tmp_path / "jobs1", 1)
+    two = _grade(tmp_path / "submitted", tmp_path / "jobs2", 2)
+    assert one == two
+    csv = [(tmp_path / f"jobs{jobs}" / "grades.csv").read_text() for jobs in (1, 2)]
+    assert csv[0] == csv[1]
+
+    # Renamed into the reverse order: the students meet other neighbours, on four jobs.
+    renamed = {f"{i}_{name}": name for i, name in enumerate(reversed(STUDENTS))}
+    for new, old in renamed.items():
+        (tmp_path / "submitted" / old).rename(tmp_path / "submitted" / new)
+    four = _grade(tmp_path / "submitted", tmp_path / "jobs4", 4)
+    assert {(renamed[student], chapter): r for (student, chapter), r in four.items()} == one
+
+    for (student, chapter), results in one.items():
+        statuses = [r["status"] for r in results.values()]
+        if student.startswith("solution"):
+            assert set(statuses) == {"graded"}, (student, chapter, results)
+        else:
+            assert "wrong" in statuses, (student, chapter, statuses)

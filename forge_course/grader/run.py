@@ -29,7 +29,9 @@ import json
 import os
 import random
 import secrets
+import shutil
 import tempfile
+import threading
 import traceback
 import unicodedata
 import warnings
@@ -104,12 +106,41 @@ def student_id(folder_name: str) -> str:
     return "student-" + hashlib.sha256(raw).hexdigest()[:16]
 
 
-def _ensure_in_gradebook(course_root: Path, grading: Path, assignment_id: str) -> None:
-    """Put the assignment and its cells in the gradebook, without touching notebooks/."""
-    from nbgrader.api import Gradebook, MissingEntry
+def _open_gradebook(grading: Path):
+    """nbgrader's gradebook in ``grading``. A new one is created here: nbgrader would run the
+    ``alembic`` command for its schema version, 5 s of imports, and fail where the
+    environment's ``bin`` folder is not on PATH (a venv's Python run without activating it)."""
+    from nbgrader.api import Base, Gradebook
 
-    db = f"sqlite:///{grading / 'gradebook.db'}"
-    with Gradebook(db) as gb:
+    path = grading / "gradebook.db"
+    if not path.exists():
+        import sqlalchemy
+        from alembic.config import Config
+        from alembic.script import ScriptDirectory
+        from nbgrader.dbutil import ALEMBIC_DIR
+
+        config = Config()
+        config.set_main_option("script_location", ALEMBIC_DIR)
+        head = ScriptDirectory.from_config(config).get_current_head()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+        with engine.begin() as db:
+            Base.metadata.create_all(db)
+            db.execute(
+                sqlalchemy.text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+            )
+            db.execute(
+                sqlalchemy.text("INSERT INTO alembic_version VALUES (:head)"), {"head": head}
+            )
+        engine.dispose()
+    return Gradebook(f"sqlite:///{path}")
+
+
+def _ensure_in_gradebook(grading: Path, source_root: Path, assignment_id: str) -> None:
+    """Put the assignment and its cells in the gradebook, without touching notebooks/."""
+    from nbgrader.api import MissingEntry
+
+    with _open_gradebook(grading) as gb:
         try:
             gb.find_notebook(assignment_id, assignment_id)
             return
@@ -118,16 +149,16 @@ def _ensure_in_gradebook(course_root: Path, grading: Path, assignment_id: str) -
     from forge_course.release import generate_release
 
     with tempfile.TemporaryDirectory() as tmp:
-        build_sources(course_root, Path(tmp) / "build" / "source")
+        shutil.copytree(source_root / assignment_id, Path(tmp) / "build" / "source" / assignment_id)
         with _env(FORGE_GRADING_DIR=str(grading)):
             generate_release(Path(tmp), [assignment_id])
 
 
 def _record(grading: Path, assignment_id: str, student: str, results: dict[str, CellResult]):
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import MissingEntry
     from sqlalchemy.exc import SAWarning
 
-    with Gradebook(f"sqlite:///{grading / 'gradebook.db'}") as gb, warnings.catch_warnings():
+    with _open_gradebook(grading) as gb, warnings.catch_warnings():
         # nbgrader's own models trigger a harmless autoflush warning when a submission is new.
         warnings.simplefilter("ignore", SAWarning)
         gb.update_or_create_student(student)
@@ -327,15 +358,17 @@ def grade(
 
 def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs, force, progress):
     source_root = grading / "source"
-    build_sources(course_root, source_root)
+    graded = sorted({w[1] for w in work})
+    build_sources(course_root, source_root, graded)
     loaded, keys = {}, {}
-    for a in sorted({w[1] for w in work}):
-        _ensure_in_gradebook(course_root, grading, a)
+    for a in graded:
+        _ensure_in_gradebook(grading, source_root, a)
         loaded[a] = assignments.load(a, source_root / a / f"{a}.ipynb")
         keys[a] = {**versions(course_root, a), "seed": seed}
     ledger = Ledger(grading / "forge")
     ids = {name: student_id(name) for name in {w[0] for w in work}}
     _write_id_map(grading, ids)
+    workers = _Workers(limits, mode, stage_dir)
 
     def one(name: str, assignment_id: str, folder: Path) -> tuple[str, str, dict, Path | None]:
         student = ids[name]
@@ -347,8 +380,8 @@ def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs
             key = {**keys[assignment_id], "notebook": fingerprint(path) if path else "missing"}
             if not force and (saved := ledger.read(assignment_id, student, key)) is not None:
                 return student, assignment_id, saved, path
-            results = as_dict(grade_notebook(loaded[assignment_id], path, limits, stage_dir,
-                                             mode, seed))  # fmt: skip
+            with workers.one() as box:
+                results = as_dict(grade_notebook(loaded[assignment_id], path, box, seed))
         except sandbox.SandboxError:
             raise  # the machine cannot grade anyone: stop once, with the sandbox's words
         except _Refused as why:
@@ -369,7 +402,7 @@ def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(work), unit="submission", desc="grading")
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+    with contextlib.closing(workers), ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
         futures = [pool.submit(one, *w) for w in work]
         for future in as_completed(futures):
             student, assignment_id, results, path = future.result()
@@ -392,6 +425,35 @@ def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs
         bar.close()
     _write_csv(grading / "grades.csv", outcomes, seed)
     return outcomes
+
+
+class _Workers:
+    """The run's warm workers (`sandbox.Session`): each grades one submission at a time, and
+    one more starts when every one is busy, so there are as many as jobs run at once."""
+
+    def __init__(self, limits: sandbox.Limits, mode: str, stage_dir: Path):
+        self.start = lambda: sandbox.Session(limits, mode, stage_dir)
+        self.idle: list[sandbox.Session] = []
+        self.all: list[sandbox.Session] = []
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def one(self):
+        with self.lock:
+            box = self.idle.pop() if self.idle else None
+        if box is None:
+            box = self.start()
+            with self.lock:
+                self.all.append(box)
+        try:
+            yield box
+        finally:
+            with self.lock:
+                self.idle.append(box)
+
+    def close(self) -> None:
+        for box in self.all:
+            box.__exit__(None, None, None)
 
 
 class _Refused(Exception):

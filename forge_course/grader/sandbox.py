@@ -16,7 +16,9 @@ Layers:
    leaves running is killed and its files removed before the next job.
 2. A control group per submission where the grader may make one (as root): at most
    ``processes`` processes and threads and ``memory_mb`` of resident memory for everything the
-   submission starts, its CPU time accounted, and every process killed when it stops.
+   submission starts, its CPU time accounted, and every process killed when it stops. The
+   warm worker, which serves one submission after another, joins each submission's group
+   while it grades it.
 3. Per job: a fresh child of a warm worker with process limits (open files, file size, CPU
    time), a wall-clock limit the grader enforces by killing the worker, and totals per
    submission checked while it runs by the worker's watcher (`worker.Watch`), which learner
@@ -253,36 +255,64 @@ def _environment(home: str) -> dict[str, str]:
 
 
 class Session:
-    """One submission's sandbox: a warm worker that runs its jobs one by one.
+    """A warm worker that grades submissions one after another, each begun with `begin`.
 
-    The worker imports torch once; each job runs in a child it forks. A job that overruns its
-    time, or kills the worker, ends the worker: the next job starts a fresh one, so the other
-    exercises are still graded. The time a worker spends starting is not charged to the learner.
+    The worker imports torch once; each job runs in a child it forks, and when the child has
+    ended the worker kills whatever it left and empties the sandbox's /tmp and /dev/shm, so
+    the next job, even another student's, finds the sandbox as the first job found it. Each
+    submission has control groups of its own, which the worker joins while it grades that
+    submission and leaves after, so its caps and totals count that submission alone. A job
+    that overruns its time, or kills the worker, ends the worker: the next job starts a fresh
+    one, so the other exercises are still graded. The time, CPU and memory a worker spends
+    starting are not charged to the learner. Without bubblewrap the worker cannot see what a
+    job left behind, so every submission gets a fresh worker.
     """
 
     def __init__(self, limits: Limits, mode: str | None = None, stage_dir: Path | None = None):
         self.limits, self.mode = limits, mode or isolation()
         self._own_stage = None if stage_dir else tempfile.TemporaryDirectory(prefix="forge-stage-")
         self.stage_dir = stage_dir or stage(Path(self._own_stage.name))
+        self.process: subprocess.Popen | None = None
+        self._home = tempfile.TemporaryDirectory(prefix="forge-")
+        self._idle = cgroup.make(limits.processes, limits.memory_mb)  # between submissions
+        self._groups: list[Path] = []
+        self._jobs = 0
+        self.begin()
+
+    def begin(self) -> None:
+        """Start the next submission: fresh control groups, and its time and totals at zero."""
+        if self.mode != "bubblewrap":
+            self._stop()
+        self._move(self._idle)
+        cgroup.kill(self._groups)  # what the last submission left, had it escaped the worker
+        cgroup.remove(self._groups)
+        self._groups = cgroup.make(self.limits.processes, self.limits.memory_mb)
+        self._move(self._groups)
         self.spent = 0.0  # seconds of the submission's time limit used so far
         # The submission's peak of each total over its jobs so far (CPU seconds summed), from
         # the watcher's answers, the grader's clock and its control group: see `_tally`.
         self.peaks: dict[str, float] = {}
-        self.process: subprocess.Popen | None = None
-        self._home = tempfile.TemporaryDirectory(prefix="forge-")
-        self._groups = cgroup.make(limits.processes, limits.memory_mb)
         self._hits = 0
-        self._jobs = 0
 
     def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop()
-        cgroup.remove(self._groups)
+        cgroup.remove(self._groups + self._idle)
         self._home.cleanup()
         if self._own_stage:
             self._own_stage.cleanup()
+
+    def _move(self, groups: list[Path]) -> None:
+        """Move the worker (bubblewrap's processes and the server) into ``groups``. Between
+        jobs the worker's are its only processes: what a job left is already killed."""
+        if self.process is None or not groups:
+            return
+        for pid in _tree(self.process.pid):
+            with contextlib.suppress(OSError):
+                for group in groups:
+                    (group / "cgroup.procs").write_text(str(pid))
 
     def _start(self) -> None:
         """Start a worker and wait until it is ready: a failure here is the machine's, not the
@@ -307,6 +337,7 @@ class Session:
             self._stop()
             said = "".join(self._errors[-20:]).strip() or "nothing"
             raise SandboxError(f"the grading sandbox did not start ({self.mode}); it said: {said}")
+        self._move(self._groups)
 
     def _popen(self, command: list[str], home: str, fds: tuple) -> subprocess.Popen:
         return subprocess.Popen(
@@ -316,7 +347,7 @@ class Session:
             stderr=subprocess.PIPE,
             cwd=self._home.name,
             env=_environment(home),
-            preexec_fn=_start_in(self._groups),
+            preexec_fn=_start_in(self._idle or self._groups),
             pass_fds=fds,
             text=True,
         )
@@ -336,7 +367,7 @@ class Session:
         if self.process is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            cgroup.kill(self._groups)  # and whatever left the group with setsid
+            cgroup.kill(self._groups + self._idle)  # and whatever left the group with setsid
             self.process.wait()
             self.process = None
 
@@ -429,6 +460,20 @@ def run(job: dict, limits: Limits, mode: str | None = None) -> Outcome:
     """Run one job in a sandbox of its own."""
     with Session(limits, mode) as box:
         return box.run(job)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            parents.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += parents.get(found[-1], [])
+    return found
 
 
 def _reply(line: str) -> dict | None:

@@ -5,8 +5,11 @@ The program here is small enough to read: check the architecture, refuse the oth
 machine (x32 on x86-64), and answer EPERM to the calls that reach other processes' memory
 (ptrace, process_vm_*), change mounts or namespaces (mount, umount2, pivot_root, unshare,
 setns), touch the kernel's keyrings or load code into it (keyctl, add_key, request_key, bpf,
-init_module, ...), or watch the machine (perf_event_open, userfaultfd). Everything else is
-allowed: torch, DataLoader workers and gloo need none of these.
+init_module, ...), watch the machine (perf_event_open, userfaultfd), or make IPC objects
+that outlive their processes (System V shared memory, semaphores and message queues, POSIX
+message queues: a worker serves one student after another, and these have no file to clear).
+Everything else is allowed: torch, DataLoader workers and gloo need none of these (POSIX
+shared memory and semaphores are files in /dev/shm, emptied after every job).
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ REFUSED = {
                "perf_event_open": 298, "userfaultfd": 323, "kexec_load": 246,
                "init_module": 175, "finit_module": 313, "delete_module": 176, "swapon": 167,
                "swapoff": 168, "reboot": 169, "process_vm_readv": 310,
-               "process_vm_writev": 311, "open_by_handle_at": 304},
+               "process_vm_writev": 311, "open_by_handle_at": 304, "shmget": 29, "semget": 64,
+               "msgget": 68, "mq_open": 240},
     "aarch64": {"ptrace": 117, "mount": 40, "umount2": 39, "pivot_root": 41, "unshare": 97,
                 "setns": 268, "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280,
                 "perf_event_open": 241, "userfaultfd": 282, "kexec_load": 104,
                 "init_module": 105, "finit_module": 273, "delete_module": 106, "swapon": 224,
                 "swapoff": 225, "reboot": 142, "process_vm_readv": 270,
-                "process_vm_writev": 271, "open_by_handle_at": 265},
+                "process_vm_writev": 271, "open_by_handle_at": 265, "shmget": 194,
+                "semget": 190, "msgget": 186, "mq_open": 180},
 }  # fmt: skip
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 X32_BIT = 0x40000000

@@ -95,14 +95,10 @@ def _all_of(assignment: Assignment, cells: list[str], status: str, message: str)
 
 
 def grade_notebook(
-    assignment: Assignment,
-    path: Path | None,
-    limits: sandbox.Limits,
-    stage_dir: Path,
-    mode: str,
-    seed: int,
+    assignment: Assignment, path: Path | None, box: sandbox.Session, seed: int
 ) -> dict[str, CellResult]:
-    """Results for every graded cell of ``assignment`` from the notebook at ``path``."""
+    """Results for every graded cell of ``assignment`` from the notebook at ``path``, graded
+    as a new submission of the warm worker ``box``."""
     tests = list(assignment.test_points)
     if path is None:
         return _all_of(assignment, tests, "missing", "No notebook for this assignment was found.")
@@ -111,15 +107,15 @@ def grade_notebook(
     except (ValueError, OSError) as err:
         return _all_of(assignment, tests, "malformed", f"The notebook cannot be graded: {err}")
     results: dict[str, CellResult] = {}
-    with sandbox.Session(limits, mode, stage_dir) as box:  # one warm worker per submission
-        for solution_id, records in assignment.exercises.items():
-            test = assignment.test_for(solution_id)
-            for exercise in records:  # every record must pass: reference, then oracles
-                job = _Job(assignment, exercise, answers.get(solution_id), test, seed)
-                results[test] = job.grade(box)
-                if results[test].status != "graded":
-                    break
-        results.update(_grade_questions(assignment, answers, box, seed))
+    box.begin()
+    for solution_id, records in assignment.exercises.items():
+        test = assignment.test_for(solution_id)
+        for exercise in records:  # every record must pass: reference, then oracles
+            job = _Job(assignment, exercise, answers.get(solution_id), test, seed)
+            results[test] = job.grade(box)
+            if results[test].status != "graded":
+                break
+    results.update(_grade_questions(assignment, answers, box, seed))
     return {t: results.get(t, CellResult("missing", 0.0, assignment.test_points[t])) for t in tests}
 
 

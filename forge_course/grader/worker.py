@@ -1,6 +1,7 @@
 """The grading worker: a warm process that runs each exercise's answer in a fresh child.
 
-Started by `forge_course.grader.sandbox` once per submission, inside the sandbox, from a staged
+Started by `forge_course.grader.sandbox` inside the sandbox, where it serves one submission
+after another (each job's child, and whatever it left, is gone before the next), from a staged
 copy of the few modules it may import (`sandbox.WORKER_FILES`): the learner half of the checks
 (`forge_course.observe`), the codec, the device helpers and the course's data. It never holds a
 reference, an expected value, a known mistake or a hidden test: those stay in the grader.
@@ -542,18 +543,32 @@ def _kill_leftovers(own_pid_namespace: bool) -> None:
                 os.kill(int(entry), signal.SIGKILL)
 
 
-def _clear(folder: str, keep: frozenset = frozenset()) -> None:
-    """Empty a folder the jobs could write to, so the next job finds nothing of this one (but
-    for ``keep``: what was there before any job, such as a read-only interpreter below /tmp)."""
+def _clear(folder: str, mode: int) -> None:
+    """Empty a folder the jobs could write to and give it back its mode, so that the next job,
+    which may be another student's, finds nothing of this one. Only what is mounted there is
+    kept (a read-only interpreter below /tmp, as in a clone in /tmp): it cannot be written."""
     with contextlib.suppress(OSError):
+        os.chmod(folder, mode)
+        device = os.stat(folder).st_dev
         for entry in os.scandir(folder):
-            if entry.name in keep:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_dev != device:
+                    continue  # a mount point
+                if entry.is_dir(follow_symlinks=False):
+                    _remove_tree(entry.path)
+                else:
                     os.unlink(entry.path)
+
+
+def _remove_tree(path: str) -> None:
+    """``shutil.rmtree`` that also removes folders a job made unreadable or unwritable."""
+    for root, folders, _ in os.walk(path):
+        for name in folders:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def serve(limits: dict, own_pid_namespace: bool) -> int:
@@ -561,7 +576,7 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
     os.dup2(2, 1)  # anything printed goes to stderr, never to the grader's channel
     sys.stdout = sys.stderr
     _not_dumpable()
-    import matplotlib  # the expensive imports, paid once per submission; none touches CUDA
+    import matplotlib  # the expensive imports, paid once per worker; none touches CUDA
 
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
@@ -573,7 +588,7 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
     import forge_course.observe.common  # noqa: F401
 
     scratch = tempfile.gettempdir()
-    before = frozenset(os.listdir(scratch))
+    modes = {folder: os.stat(folder).st_mode & 0o7777 for folder in (scratch, "/dev/shm")}
     watch = Watch(limits, scratch, own_pid_namespace)
     reply.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
@@ -596,9 +611,9 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
             _child(job, write_fd, reply.fileno(), limits, workdir)
         os.close(write_fd)
         output, code, over = _reap(pid, read_fd, watch)
-        _clear(scratch, before)
+        _clear(scratch, modes[scratch])
         if own_pid_namespace:  # the sandbox's own /dev/shm (elsewhere it is the machine's)
-            _clear("/dev/shm")
+            _clear("/dev/shm", modes["/dev/shm"])
         answer = {"id": job["id"], "output": output, "exit": code, "limit": over,
                   "peaks": watch.peaks}  # fmt: skip
         reply.write(json.dumps(answer) + "\n")
