@@ -131,7 +131,8 @@ def bench_limits(chapters: list[str] | None = None) -> list[str]:
     groups = cgroup.make(1, 1)
     cgroup.remove(groups)
     memory = (
-        "the control group's peak (every process of the sandbox, its tmpfs included)"
+        "the peak of the submission's control group: what its jobs' processes and its tmpfs "
+        "files took, not the warm worker's imports, which are charged to a group of their own"
         if groups
         else "the watcher's sum of resident memory (no control group here)"
     )

@@ -413,6 +413,61 @@ def bench_grading(tmp: Path, repeats: int, copies: int) -> list[str]:
     ]
 
 
+def _large_class(folder: Path, size: int, wrong: int) -> None:
+    """``size`` copies of the solved sample, the first ``wrong`` of them with one answer cell
+    replaced by a typical wrong answer (`tests/answers/ch04.py`, each kind in turn)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("answers", REPO / "tests/answers/ch04.py")
+    answers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(answers)
+    kinds = [(cell, text) for cell, options in answers.WRONG.items() for text, _ in options]
+    solved = nbformat.read(REPO / "autograder/examples/alice" / CH / f"{CH}.ipynb", 4)
+    for i in range(size):
+        nb = nbformat.from_dict(solved)
+        if i < wrong:
+            cell, text = kinds[i % len(kinds)]
+            for c in nb.cells:
+                if c.metadata.get("nbgrader", {}).get("grade_id") == cell:
+                    c.source = text
+        path = folder / f"student-{i:03d}" / CH / f"{CH}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(nb, path)
+
+
+def bench_large_class(tmp: Path, size: int) -> list[str]:
+    """A whole class of chapter 04, graded once, all correct and with a tenth wrong."""
+    jobs = os.cpu_count() or 1
+    rows = []
+    for name, wrong in (
+        ("all correct", 0),
+        (f"{size - size // 10} correct, {size // 10} wrong", size // 10),
+    ):
+        submitted, grading = tmp / f"large-{wrong}", tmp / f"large-{wrong}-grading"
+        _large_class(submitted, size, wrong)
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "forge_course.cli", "grade", "--submitted", str(submitted),
+             "--jobs", str(jobs), "--force"],
+            check=True, env={**os.environ, "FORGE_GRADING_DIR": str(grading)},
+            capture_output=True,
+        )  # fmt: skip
+        seconds = time.perf_counter() - start
+        verdict = "met" if seconds <= 300 else "missed"
+        rows.append(f"| {name} | {seconds:.0f} s | {seconds / size:.2f} | {verdict} |")
+        shutil.rmtree(submitted)
+        shutil.rmtree(grading)
+    return [
+        f"A class of {size} chapter 04 submissions (the solved sample; the wrong ones of every "
+        f"kind in `tests/answers/ch04.py`), graded once by `forge-course grade --jobs {jobs}` "
+        "in the sandbox, start-up included. Budget: 5 minutes.",
+        "",
+        "| class | whole class | seconds per submission | |",
+        "| --- | --- | --- | --- |",
+        *rows,
+    ]
+
+
 def bench_setup(tmp: Path) -> list[str]:
     """`make setup` as a fresh clone runs it: a new venv, pip upgraded, the package and its tools,
     with pip's cache turned off so that every wheel is read and installed again."""
@@ -641,6 +696,8 @@ def main(argv: list[str] | None = None) -> int:
             cases = [case for case in cases if case.engine != "crash_replay"]
         lines += ["## Simulations", ""] + bench_simulations(3 if args.quick else 20, cases) + [""]
         lines += ["## Grading", ""] + bench_grading(tmp, repeats, 1 if args.quick else 2) + [""]
+        if not args.quick:  # minutes
+            lines += bench_large_class(tmp, 300) + [""]
         lines += (
             ["## Claims the chapters measure", ""] + bench_claims(repeats, not args.quick) + [""]
         )
