@@ -303,7 +303,8 @@ def test_grading_refuses_to_run_without_a_sandbox_unless_told(monkeypatch, tmp_p
 
 # One student controlling the next: a warm worker grades one submission after another, so
 # whatever the first leaves in its sandbox (files, unreadable folders, a process that
-# outlives its job, /tmp made read-only) would reach the second. The planters leave what they
+# outlives its job, /tmp made read-only, folders nested past the longest path) would reach
+# the second. The planters leave what they
 # can; each probe, graded next by the same worker, fails its exercise if it finds any of it.
 PLANT = """import os, pkgutil, sys, time
 os.makedirs('/tmp/forge-planted-locked/inner', exist_ok=True)
@@ -322,6 +323,15 @@ time.sleep(0.5)
 assert os.path.exists('/tmp/forge-planted-lingering')
 """
 LOCK = "import os\nos.chmod('/dev/shm', 0o500)\nos.chmod('/tmp', 0o500)\n"
+NEST = """import os
+here = os.getcwd()
+os.chdir('/tmp')
+for _ in range(25):  # past the longest path (4096 bytes) that a folder's name may have
+    os.mkdir('forge-planted-deep' + 'x' * 200)
+    os.chdir('forge-planted-deep' + 'x' * 200)
+open('answer', 'w').write('42')
+os.chdir(here)
+"""
 PROBE = """import os, time
 time.sleep(0.3)
 def _traces():
@@ -348,11 +358,14 @@ def test_one_student_leaves_nothing_for_the_next(tmp_path):
     submit(submitted, "b_probe", {HAND: PROBE + solved, TRAIN: PROBE + _solved(TRAIN)})
     submit(submitted, "c_locker", {HAND: LOCK + solved})
     submit(submitted, "d_probe", {HAND: PROBE + solved})
+    submit(submitted, "e_nester", {HAND: NEST + solved})
+    submit(submitted, "f_probe", {HAND: PROBE + solved})
     # One job at a time: one warm worker grades them in this order.
     outcomes = run.grade([CH], submitted=submitted, grading=tmp_path / "grading", jobs=1,
                          limits=LIMITS, progress=False, seed=1234)  # fmt: skip
-    assert outcomes[("a_planter", CH)][HAND_TEST]["status"] == "graded"  # it planted them all
-    for probe in ("b_probe", "d_probe"):
+    for planter in ("a_planter", "e_nester"):  # each planted all it meant to
+        assert outcomes[(planter, CH)][HAND_TEST]["status"] == "graded"
+    for probe in ("b_probe", "d_probe", "f_probe"):
         results = outcomes[(probe, CH)]
         assert all(r["status"] == "graded" for r in results.values()), results
     assert not subprocess.run(["pgrep", "-f", "forge-planted"], capture_output=True).stdout

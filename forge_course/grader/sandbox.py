@@ -428,6 +428,8 @@ class Session:
                 outcome = Outcome(messages, "resource limit", reply["limit"], seconds, peaks)
             elif not any(m.get("done") for m in messages):
                 outcome = Outcome(messages, *_why_it_died(reply["exit"], messages), seconds, peaks)
+        if answered and reply.get("restart"):
+            self._stop()  # the worker could not empty its sandbox: the next job gets a fresh one
         hits, self._hits = self._hits, cgroup.limit_hits(self._groups)
         if self._hits > hits:  # the sandbox's process or memory cap refused something
             detail = (
@@ -486,7 +488,7 @@ def _reply(line: str) -> dict | None:
         return None
     if not isinstance(reply.get("output"), str) or not isinstance(reply.get("exit"), int):
         return None
-    if not isinstance(reply.get("limit", ""), str):
+    if not isinstance(reply.get("limit", ""), str) or type(reply.get("restart", False)) is not bool:
         return None
     peaks = reply.get("peaks", {})
     if not isinstance(peaks, dict) or not all(

@@ -23,7 +23,8 @@ writing ``{"ran": true}`` or ``{"error": ...}``, one ``{"case": i, "observation"
 ``{"case": i, "mistake": ...}`` per case, the requested ``{"variables": {...}}`` and
 ``{"done": true}`` to a pipe of its own. When the child has exited and every process it left
 behind is killed, the server answers ``{"id": 3, "output": "<the pipe's text>", "exit": code,
-"limit": "<the total it went over, or nothing>", "peaks": {<the most it used of each: Watch>}}``.
+"limit": "<the total it went over, or nothing>", "peaks": {<the most it used of each: Watch>},
+"restart": <true where it could not empty /tmp or /dev/shm: it then exits>}``.
 The verdict is reached by the grader, never here.
 
 What learner code does that the audit hook refuses (memory searches, trace hooks, native
@@ -43,7 +44,6 @@ import json
 import os
 import random
 import resource
-import shutil
 import signal
 import sys
 import tempfile
@@ -545,30 +545,56 @@ def _kill_leftovers(own_pid_namespace: bool) -> None:
 
 def _clear(folder: str, mode: int) -> None:
     """Empty a folder the jobs could write to and give it back its mode, so that the next job,
-    which may be another student's, finds nothing of this one. Only what is mounted there is
-    kept (a read-only interpreter below /tmp, as in a clone in /tmp): it cannot be written."""
-    with contextlib.suppress(OSError):
+    which may be another student's, finds nothing of this one, whatever modes it set. Mount
+    points are kept and never entered (a read-only interpreter below /tmp, as in a clone in
+    /tmp): nothing can be written there. Iterative: a job may nest folders thousands deep."""
+    try:
         os.chmod(folder, mode)
         device = os.stat(folder).st_dev
-        for entry in os.scandir(folder):
-            with contextlib.suppress(OSError):
-                if entry.stat(follow_symlinks=False).st_dev != device:
-                    continue  # a mount point
-                if entry.is_dir(follow_symlinks=False):
-                    _remove_tree(entry.path)
-                else:
-                    os.unlink(entry.path)
+    except OSError:
+        return
+    stack, emptied = [folder], []
+    while stack:
+        emptied.append(stack.pop())
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(emptied[-1]):
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_dev != device:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        os.chmod(entry.path, 0o700)
+                        stack.append(entry.path)
+                    else:
+                        os.unlink(entry.path)
+    for path in reversed(emptied[1:]):  # each folder after everything below it
+        with contextlib.suppress(OSError):
+            os.rmdir(path)  # kept only where a mount point lies below
 
 
-def _remove_tree(path: str) -> None:
-    """``shutil.rmtree`` that also removes folders a job made unreadable or unwritable."""
-    for root, folders, _ in os.walk(path):
-        for name in folders:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+def _contents(folder: str) -> set[str] | None:
+    """Every path below ``folder`` on its file system (mount points listed, not entered);
+    None where something cannot be read."""
+    try:
+        device = os.stat(folder).st_dev
+    except OSError:
+        return None
+    found, stack = set(), [folder]
+    while stack:
+        try:
+            for entry in os.scandir(stack.pop()):
+                found.add(entry.path)
+                if entry.is_dir(follow_symlinks=False) and (
+                    entry.stat(follow_symlinks=False).st_dev == device
+                ):
+                    stack.append(entry.path)
+        except OSError:
+            return None
+    return found
+
+
+def _holds_no_more(folder: str, first: set[str] | None) -> bool:
+    now = _contents(folder)
+    return now is not None and first is not None and now <= first
 
 
 def serve(limits: dict, own_pid_namespace: bool) -> int:
@@ -588,7 +614,9 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
     import forge_course.observe.common  # noqa: F401
 
     scratch = tempfile.gettempdir()
-    modes = {folder: os.stat(folder).st_mode & 0o7777 for folder in (scratch, "/dev/shm")}
+    folders = (scratch, "/dev/shm") if own_pid_namespace else (scratch,)  # else the machine's
+    modes = {folder: os.stat(folder).st_mode & 0o7777 for folder in folders}
+    found_first = {folder: _contents(folder) for folder in folders}
     watch = Watch(limits, scratch, own_pid_namespace)
     reply.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
@@ -611,12 +639,16 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
             _child(job, write_fd, reply.fileno(), limits, workdir)
         os.close(write_fd)
         output, code, over = _reap(pid, read_fd, watch)
-        _clear(scratch, modes[scratch])
-        if own_pid_namespace:  # the sandbox's own /dev/shm (elsewhere it is the machine's)
-            _clear("/dev/shm", modes["/dev/shm"])
+        for folder in folders:
+            _clear(folder, modes[folder])
+        # What could not be cleared (folders nested past the longest path, say) ends this
+        # worker: the grader starts a fresh sandbox for the next job.
+        left = [f for f in folders if not _holds_no_more(f, found_first[f])]
         answer = {"id": job["id"], "output": output, "exit": code, "limit": over,
-                  "peaks": watch.peaks}  # fmt: skip
+                  "peaks": watch.peaks, "restart": bool(left)}  # fmt: skip
         reply.write(json.dumps(answer) + "\n")
+        if left:
+            return 0
     return 0
 
 
