@@ -156,11 +156,8 @@ def _ensure_in_gradebook(grading: Path, source_root: Path, assignment_id: str) -
 
 def _record(grading: Path, assignment_id: str, student: str, results: dict[str, CellResult]):
     from nbgrader.api import MissingEntry
-    from sqlalchemy.exc import SAWarning
 
-    with _open_gradebook(grading) as gb, warnings.catch_warnings():
-        # nbgrader's own models trigger a harmless autoflush warning when a submission is new.
-        warnings.simplefilter("ignore", SAWarning)
+    with _open_gradebook(grading) as gb:
         gb.update_or_create_student(student)
         try:
             gb.find_submission(assignment_id, student)
@@ -357,6 +354,11 @@ def grade(
 
 
 def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs, force, progress):
+    from sqlalchemy.exc import SAWarning
+
+    # nbgrader's own models trigger a harmless autoflush warning when a submission is new. Set
+    # once, before the threads: `warnings.catch_warnings` in one thread undoes another's.
+    warnings.filterwarnings("ignore", category=SAWarning, module=r"nbgrader\.")
     source_root = grading / "source"
     graded = sorted({w[1] for w in work})
     build_sources(course_root, source_root, graded)
