@@ -4,6 +4,7 @@ import contextlib
 import csv
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -242,3 +243,16 @@ def test_an_answer_with_peaks_of_another_shape_is_no_answer(peaks):
     line = '{"id": 1, "output": "", "exit": 0, "limit": "", "peaks": ' + peaks + "}"
     assert sandbox._reply(line) is None
     assert sandbox._reply(line.replace(peaks, '{"files": 3, "cpu_seconds": 0.5}')) is not None
+
+
+def test_a_worker_that_ended_between_submissions_is_replaced_not_blamed():
+    """A warm worker killed from outside between two submissions (the host's OOM killer, say)
+    is started afresh for the next one, which is graded as if nothing happened."""
+    with sandbox.Session(LIMITS) as box:
+        box.run({"prelude": "", "answer": "x = 1", "variables": ["x"]})
+        os.killpg(box.process.pid, signal.SIGKILL)
+        box.process.wait()
+        box.begin()
+        outcome = box.run({"prelude": "", "answer": "x = 2", "variables": ["x"]})
+    assert outcome.status == "finished", outcome
+    assert {"variables": {"x": 2}} in outcome.messages

@@ -281,8 +281,10 @@ class Session:
 
     def begin(self) -> None:
         """Start the next submission: fresh control groups, and its time and totals at zero."""
-        if self.mode != "bubblewrap":
-            self._stop()
+        if self.process is not None and (
+            self.mode != "bubblewrap" or self.process.poll() is not None
+        ):
+            self._stop()  # a fresh worker: always without bubblewrap, and for one that ended
         self._move(self._idle)
         cgroup.kill(self._groups)  # what the last submission left, had it escaped the worker
         cgroup.remove(self._groups)
