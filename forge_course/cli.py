@@ -14,7 +14,8 @@ commands:
   release                 rebuild build/source and notebooks/ from solutions/ (instructors)
   grade [ASSIGNMENT ...]  grade grading/submitted/ in parallel, isolated (graders);
                           options: --submitted DIR, --jobs N, --timeout S, --memory MB,
-                          --device auto|cpu|cuda, --seed N, --force, --unsafe
+                          --device auto|cpu|cuda, --seed N, --force, --unsafe,
+                          --cluster ADDRESS (a Dask scheduler whose workers grade)
 """
 
 
@@ -67,8 +68,11 @@ def _grade(argv: list[str]) -> int:
     parser.add_argument(
         "--unsafe", action="store_true", help="grade without bubblewrap (no sandbox: your rights)"
     )
+    parser.add_argument(
+        "--cluster", metavar="ADDRESS", help="grade on a Dask cluster's workers, record here"
+    )
     args = parser.parse_args(argv)
-    elsewhere = _grading_elsewhere(sys.platform, args.unsafe)
+    elsewhere = "" if args.cluster else _grading_elsewhere(sys.platform, args.unsafe)
     if elsewhere:
         print(f"forge-course grade: {elsewhere}", file=sys.stderr)
         return 2
@@ -77,7 +81,8 @@ def _grade(argv: list[str]) -> int:
 
     chosen = {"seconds": args.timeout, "memory_mb": args.memory}
     limits = sandbox.Limits(**{k: v for k, v in chosen.items() if v is not None})
-    print(f"Isolation: {sandbox.isolation()}", flush=True)
+    where = f"the Dask cluster at {args.cluster}" if args.cluster else sandbox.isolation()
+    print(f"Isolation: {where}", flush=True)
     try:
         outcomes = run.grade(
             args.assignments or None,
@@ -88,6 +93,7 @@ def _grade(argv: list[str]) -> int:
             unsafe=args.unsafe,
             seed=args.seed,
             device=args.device,
+            cluster=args.cluster,
         )
     except (run.SandboxUnavailable, sandbox.SandboxError) as err:
         print(f"forge-course grade: {err}", file=sys.stderr)

@@ -22,6 +22,7 @@ hold, a crash of the grader's own code) becomes that student's status, and the r
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import html
@@ -243,15 +244,21 @@ def discover(submitted: Path, only: list[str] | None) -> list[tuple[str, str, Pa
 
 def versions(course_root: Path, assignment_id: str) -> dict[str, str]:
     """Digests of what a verdict depends on besides the notebook: the instructor's version of
-    the assignment and the grader's code (checks, references, sandbox)."""
+    the assignment and the grader's code."""
     source = course_root / "solutions" / f"{assignment_id}.py"
+    return {
+        "instructor": hashlib.sha256(source.read_bytes()).hexdigest(),
+        "grader": grader_version(),
+    }
+
+
+@functools.cache  # the code this process runs: read once, as it was imported
+def grader_version() -> str:
+    """A digest of the grader's code: checks, references, sandbox (the whole package)."""
     grader = hashlib.sha256()
     for path in sorted(PACKAGE.rglob("*.py")):
         grader.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
-    return {
-        "instructor": hashlib.sha256(source.read_bytes()).hexdigest(),
-        "grader": grader.hexdigest(),
-    }
+    return grader.hexdigest()
 
 
 class Ledger:
@@ -330,13 +337,16 @@ def grade(
     unsafe: bool = False,
     seed: int | None = None,
     device: str = "auto",
+    cluster: str | None = None,
 ) -> dict[tuple[str, str], dict]:
     """Grade every submission; return ``{(student id, assignment): {cell: result dict}}``.
 
-    Raises `SandboxUnavailable` where bubblewrap cannot run, unless ``unsafe``.
+    With ``cluster`` (a Dask scheduler's address) the submissions are graded by the cluster's
+    workers (`forge_course.grader.cluster`) and recorded here. Raises `SandboxUnavailable`
+    where bubblewrap cannot run, unless ``unsafe``.
     """
     mode = sandbox.isolation()
-    if mode != "bubblewrap" and not unsafe:
+    if mode != "bubblewrap" and not unsafe and cluster is None:
         raise SandboxUnavailable(sandbox.INSTALL_BWRAP)
     grading = (grading or grading_dir(course_root)).resolve()
     limits = limits or sandbox.Limits()
@@ -348,12 +358,28 @@ def grade(
         _env(FORGE_GRADING_SEED=str(run_seed), **_device_environment(device)),
         tempfile.TemporaryDirectory(prefix="forge-stage-") as stage_dir,
     ):
-        sandbox.stage(Path(stage_dir))
-        return _grade_class(work, course_root, grading, limits, Path(stage_dir), mode, run_seed,
-                            jobs, force, progress)  # fmt: skip
+        if cluster is None:
+            sandbox.stage(Path(stage_dir))
+            graders = _Workers(limits, mode, Path(stage_dir))
+        else:
+            graders = _on_cluster(cluster, grading, limits, run_seed, device, unsafe)
+            jobs = jobs or graders.threads()
+        with contextlib.closing(graders):
+            return _grade_class(work, course_root, grading, graders, run_seed, jobs, force,
+                                progress)  # fmt: skip
 
 
-def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs, force, progress):
+def _on_cluster(address, grading, limits, seed, device, unsafe):
+    from dataclasses import asdict
+
+    from forge_course.grader.cluster import Cluster
+
+    settings = {"seed": seed, "device": device, "limits": asdict(limits), "unsafe": unsafe,
+                "grader": grader_version()}  # fmt: skip
+    return Cluster(address, settings, grading / "source")
+
+
+def _grade_class(work, course_root, grading, graders, seed, jobs, force, progress):
     from sqlalchemy.exc import SAWarning
 
     # nbgrader's own models trigger a harmless autoflush warning when a submission is new. Set
@@ -370,7 +396,6 @@ def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs
     ledger = Ledger(grading / "forge")
     ids = {name: student_id(name) for name in {w[0] for w in work}}
     _write_id_map(grading, ids)
-    workers = _Workers(limits, mode, stage_dir)
 
     def one(name: str, assignment_id: str, folder: Path) -> tuple[str, str, dict, Path | None]:
         student = ids[name]
@@ -382,8 +407,7 @@ def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs
             key = {**keys[assignment_id], "notebook": fingerprint(path) if path else "missing"}
             if not force and (saved := ledger.read(assignment_id, student, key)) is not None:
                 return student, assignment_id, saved, path
-            with workers.one() as box:
-                results = as_dict(grade_notebook(loaded[assignment_id], path, box, seed))
+            results = graders.grade(loaded[assignment_id], path, seed)
         except sandbox.SandboxError:
             raise  # the machine cannot grade anyone: stop once, with the sandbox's words
         except _Refused as why:
@@ -404,7 +428,7 @@ def _grade_class(work, course_root, grading, limits, stage_dir, mode, seed, jobs
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(work), unit="submission", desc="grading")
-    with contextlib.closing(workers), ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
         futures = [pool.submit(one, *w) for w in work]
         for future in as_completed(futures):
             student, assignment_id, results, path = future.result()
@@ -452,6 +476,10 @@ class _Workers:
         finally:
             with self.lock:
                 self.idle.append(box)
+
+    def grade(self, assignment: assignments.Assignment, path: Path | None, seed: int) -> dict:
+        with self.one() as box:
+            return as_dict(grade_notebook(assignment, path, box, seed))
 
     def close(self) -> None:
         for box in self.all:
