@@ -152,7 +152,7 @@ def test_chapter_on_colab_first_run_and_after_restart(chapter, runtime, wheelhou
     changed = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
     assert not changed, f"installing the package changed Colab's packages: {changed}"
     report = _report(first)
-    assert report["ipywidgets"] == before["ipywidgets"], "the kernel should still run Colab's widgets"
+    assert report["ipywidgets"] == before["ipywidgets"], "the kernel should run Colab's widgets"
     assert report["widget_manager"] == ["enabled"], "Colab's widget manager was not enabled"
     _widget_outputs_carry_a_picture(first)
 
