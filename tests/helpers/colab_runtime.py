@@ -128,22 +128,25 @@ def runtime() -> Runtime:
         "env": {"PYTHONPATH": str(startup)},
     }
     (spec / "kernel.json").write_text(json.dumps(kernel, indent=1))
-    (rt.root / ".ready").write_text("\n".join(pins()) + "\n")
+    (rt.root / ".ready").write_text(json.dumps(rt.versions(), indent=1, sort_keys=True))
     return rt
 
 
 def fresh(rt: Runtime) -> dict[str, str]:
-    """Back to a first-time learner's runtime: Colab's versions, the course package missing.
+    """Back to a first-time learner's runtime: the venv as built, the course package missing.
 
-    Returns the installed versions. (A run that failed may have left other packages changed.)
+    Returns the installed versions. (A run that failed may have changed or added packages.)
     """
+    built = json.loads((rt.root / ".ready").read_text())
     installed = rt.versions()
-    if "forge-course" in installed:
-        rt.pip("uninstall", "--yes", "forge-course")
-    wanted = dict(pin.split("==") for pin in pins())
-    if any(installed.get(normalise(name)) != version for name, version in wanted.items()):
-        rt.pip("install", "--progress-bar=off", *pins())
-    return {name: v for name, v in rt.versions().items() if name != "forge-course"}
+    extra = sorted(set(installed) - set(built))
+    if extra:
+        rt.pip("uninstall", "--yes", *extra)
+    if any(installed.get(name) != version for name, version in built.items()):
+        rt.pip(
+            "install", "--progress-bar=off", "--no-deps", *(f"{n}=={v}" for n, v in built.items())
+        )
+    return rt.versions()
 
 
 if __name__ == "__main__":
