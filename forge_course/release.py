@@ -92,7 +92,7 @@ def _add_colab(nb: nbformat.NotebookNode, chapter: str) -> None:
         title.source, colab.colab_badge(url, f"notebooks/{chapter}/{chapter}.ipynb")
     )
     first_code = next(i for i, cell in enumerate(nb.cells) if cell.cell_type == "code")
-    nb.cells.insert(first_code, colab.install_cell(url))
+    nb.cells.insert(first_code, colab.install_cell(colab.release_requirement()))
 
 
 def write_notebook(nb: nbformat.NotebookNode, path: Path) -> None:

@@ -62,7 +62,13 @@ COSTS = {
 
 # Files whose tests share one expensive module fixture (a graded class, a running Lab): their
 # tests stay on one worker, or the fixture would be built twice.
-SHARED = ("test_grader_boundary.py", "test_grader_instruments.py", "test_browser.py")
+# test_colab_runtime.py's chapters share one venv, into which each installs the package.
+SHARED = (
+    "test_grader_boundary.py",
+    "test_grader_instruments.py",
+    "test_browser.py",
+    "test_colab_runtime.py",
+)
 
 
 def _cost(item: pytest.Item) -> int:

@@ -1,8 +1,9 @@
-"""Colab: every chapter opens with the install cell and a badge, all derived from one address.
+"""Colab: every chapter opens with the install cell and a badge, derived from pyproject.toml.
 
-The install cell runs for real in a fresh kernel, twice: where the package is installed (it
-does nothing), and where it is missing on a simulated Colab (it asks `%pip` for the package at
-the repository's address, offline: a stand-in `%pip` magic records its line instead).
+The install cell runs for real in a fresh kernel here: where the package is installed (it does
+nothing), and where it is missing, with a stand-in `%pip` that records its line and changes an
+installed distribution the way an upgrade would, to check when the cell asks for a restart.
+`tests/test_colab_runtime.py` runs the cell with pip itself, in a Colab-like runtime.
 """
 
 import json
@@ -22,11 +23,32 @@ from tests.conftest import CHAPTERS, REPO
 
 URL = colab.repository_url()
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+CELL = colab.install_cell_source(colab.release_requirement())
 
-# Run first in the kernel: `%pip` records its line in `pip_calls` instead of running pip.
-RECORD_PIP = """\
+# A distribution `probe-widgets` 1.0 (module `probe_widgets`) in a folder on sys.path, and a
+# stand-in `%pip` that records its line and "upgrades" the probe to 2.0 on disk, as pip would.
+PROBE = """\
+import pathlib
+import sys
+
+probe = pathlib.Path("probe")
+(probe / "probe_widgets").mkdir(parents=True)
+(probe / "probe_widgets" / "__init__.py").write_text("")
+info = probe / "probe_widgets-1.0.dist-info"
+info.mkdir()
+(info / "METADATA").write_text("Metadata-Version: 2.1\\nName: probe-widgets\\nVersion: 1.0\\n")
+(info / "top_level.txt").write_text("probe_widgets\\n")
+sys.path.insert(0, str(probe.resolve()))
+
 pip_calls = []
-get_ipython().register_magic_function(pip_calls.append, "line", "pip")
+
+
+def upgrading_pip(line):
+    pip_calls.append(line)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\\nName: probe-widgets\\nVersion: 2.0\\n")
+
+
+get_ipython().register_magic_function(upgrading_pip, "line", "pip")
 """
 # A Colab runtime that lacks the course package, as far as the install cell can tell.
 COLAB_WITHOUT_THE_PACKAGE = """\
@@ -53,8 +75,8 @@ def _release(chapter):
 
 
 def _run_install_cell(tmp_path, *before):
-    """Run ``before``, the install cell, and a report in a fresh kernel; return both."""
-    sources = [RECORD_PIP, *before, colab.INSTALL_CELL.format(url=URL), REPORT]
+    """Run the probe, ``before``, the install cell and a report in a fresh kernel."""
+    sources = [PROBE, *before, CELL, REPORT]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
     # Run from an empty folder, so the package can only come from its installation.
     client = NotebookClient(
@@ -62,27 +84,38 @@ def _run_install_cell(tmp_path, *before):
     )
     client.execute()
     install, report = nb.cells[-2], nb.cells[-1]
-    return install.outputs, json.loads(report.outputs[0]["text"])
+    printed = "".join(o.get("text", "") for o in install.outputs)
+    assert all(o.output_type == "stream" for o in install.outputs), install.outputs
+    return printed, json.loads(report.outputs[0]["text"])
 
 
 @pytest.mark.slow
 def test_install_cell_does_nothing_where_the_package_is_installed(tmp_path):
-    outputs, calls = _run_install_cell(tmp_path)
+    printed, calls = _run_install_cell(tmp_path)
     assert calls == {"pip": [], "widgets": []}
-    assert outputs == [], "the install cell should be silent where there is nothing to do"
+    assert printed == "", "the install cell should be silent where there is nothing to do"
 
 
 @pytest.mark.slow
-def test_install_cell_installs_from_the_repository_on_colab(tmp_path):
-    outputs, calls = _run_install_cell(tmp_path, COLAB_WITHOUT_THE_PACKAGE)
+def test_install_cell_installs_this_release_loudly_on_colab(tmp_path):
+    printed, calls = _run_install_cell(tmp_path, COLAB_WITHOUT_THE_PACKAGE)
     assert len(calls["pip"]) == 1, f"expected one %pip call, got {calls['pip']}"
-    command, quiet, requirement = shlex.split(calls["pip"][0])
-    assert (command, quiet) == ("install", "-q")
+    # No -q: Colab offers its restart button from pip's "Successfully installed" line.
+    command, requirement = shlex.split(calls["pip"][0])
+    assert command == "install"
     requirement = Requirement(requirement)
     assert requirement.name == PROJECT["name"]
-    assert requirement.url == f"git+{PROJECT['urls']['Repository']}"
+    assert str(requirement.specifier) == f"=={PROJECT['version']}"
     assert calls["widgets"] == ["enabled"], "Colab's custom widget manager was not enabled"
-    assert outputs == []
+    # The probe was on disk but never imported: its upgrade needs no restart.
+    assert colab.RESTART not in printed
+
+
+@pytest.mark.slow
+def test_install_cell_asks_for_a_restart_when_it_changed_what_was_imported(tmp_path):
+    printed, _ = _run_install_cell(tmp_path, COLAB_WITHOUT_THE_PACKAGE, "import probe_widgets")
+    assert colab.RESTART in printed
+    assert "probe-widgets" in printed, "the cell should say which package changed"
 
 
 def test_the_address_is_written_only_in_pyproject():
@@ -123,7 +156,7 @@ def test_every_chapter_opens_with_the_install_cell_and_its_own_badge(chapter):
     first = code[0]
     assert first.metadata.get("tags") == [INSTALL_TAG], "the install cell must come first"
     assert "nbgrader" not in first.metadata
-    assert first.source == colab.INSTALL_CELL.format(url=URL)
+    assert first.source == CELL
     assert sum(INSTALL_TAG in c.metadata.get("tags", []) for c in code) == 1
     title = next(c for c in nb.cells if c.cell_type == "markdown")
     assert colab.colab_badge(URL, f"notebooks/{chapter}/{chapter}.ipynb") in title.source

@@ -3,6 +3,9 @@
 `show(widget, figure)` sends one output holding both the live widget and a PNG of its default
 state. JupyterLab, Notebook 7 and Colab render the widget; a viewer without a widget front end
 (nbconvert HTML, GitHub, a plain kernel) falls back to the picture instead of ``VBox(...)``.
+
+The output is built from public pieces only, so it works with ipywidgets 7.6+ (Colab) and 8:
+the widget's ``model_id`` and the widget-view MIME type that every widget front end reads.
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ import io
 import matplotlib.figure
 import matplotlib.pyplot as plt
 from IPython.display import display
+
+# The MIME type through which a front end draws a widget from its model, and the version of its
+# schema that ipywidgets 7 and 8 both write (@jupyter-widgets/schema, "widget view" v2.0).
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 # Okabe–Ito: distinguishable with every common form of colour blindness.
 PALETTE = {
@@ -38,6 +45,9 @@ def figure_png(fig: matplotlib.figure.Figure) -> bytes:
 
 def show(widget, fig: matplotlib.figure.Figure) -> None:
     """Display ``widget``, with ``fig`` (its default state) for viewers without widgets."""
-    bundle = widget._repr_mimebundle_()
-    bundle["image/png"] = base64.b64encode(figure_png(fig)).decode("ascii")
+    bundle = {
+        "text/plain": type(widget).__name__,
+        "image/png": base64.b64encode(figure_png(fig)).decode("ascii"),
+        WIDGET_VIEW: {"version_major": 2, "version_minor": 0, "model_id": widget.model_id},
+    }
     display(bundle, raw=True)

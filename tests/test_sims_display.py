@@ -1,0 +1,33 @@
+"""`show`: one output with the live widget and its picture, built from public APIs only.
+
+The Colab-like test (`tests/test_colab_runtime.py`) runs it under ipywidgets 7.7.1; here it runs
+under the ipywidgets 8 of this environment, where the widget part must be what ipywidgets itself
+would send, so JupyterLab draws the same widget as before.
+"""
+
+import base64
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+
+from forge_course.sims import display as display_module
+from forge_course.sims.display import WIDGET_VIEW, show
+
+
+def test_show_sends_the_widget_and_its_picture(monkeypatch):
+    sent = []
+    monkeypatch.setattr(display_module, "display", lambda bundle, raw: sent.append((bundle, raw)))
+    box = widgets.VBox([widgets.IntSlider(3, 0, 10, description="k")])
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+
+    show(box, fig)
+
+    [(bundle, raw)] = sent
+    assert raw, "the bundle is sent as MIME data, not as an object to format"
+    assert bundle[WIDGET_VIEW]["model_id"] == box.model_id
+    assert base64.b64decode(bundle["image/png"]).startswith(b"\x89PNG")
+    assert not plt.get_fignums(), "the picture's figure is closed, so it is not drawn twice"
+    # ipywidgets 8's own bundle for the widget (7 has none): the same view, so Lab draws the same.
+    own = box._repr_mimebundle_()
+    assert own[WIDGET_VIEW] == bundle[WIDGET_VIEW]
