@@ -15,13 +15,14 @@ the line as the learner would have written it):
   conditional expression forced down one arm. Its string operator (``"x"`` -> ``"XXxXX"``) and
   its ``dict(a=...)`` keyword renaming are left out: they model typos in keys and messages, not
   the mistakes of a training loop.
-* this module's, for the mistakes a learner of this course makes: a statement deleted, two
-  adjacent statements swapped, a call such as ``zero_grad``/``backward``/``step``/``eval``/
-  ``set_epoch`` moved to the start or end of its block or out of its loop, a ``with`` block
-  (``no_grad``, ``autocast``, ``open``) unwrapped, a method such as ``detach``/``item``/``to``
-  dropped from a chain, a reduction swapped (``mean`` <-> ``sum``, ``max`` <-> ``min``), a
-  dimension changed, a comparison reversed, an integer or a range/slice bound off by one, an
-  in-place op made out-of-place and back, a keyword argument dropped, ``eval`` <-> ``train``.
+* this module's, for the mistakes a learner of this course makes: a statement deleted; two
+  adjacent statements swapped (unless they commute: `swap_statements`); a call such as
+  ``zero_grad``/``backward``/``step``/``eval``/``set_epoch`` moved to the start or end of its
+  block or out of its loop; a ``with`` block (``no_grad``, ``autocast``, ``open``) unwrapped;
+  a method such as ``detach``/``item``/``to`` dropped from a chain; a reduction swapped
+  (``mean`` <-> ``sum``, ``max`` <-> ``min``); a dimension changed; a comparison reversed; an
+  integer or a range/slice bound off by one; an in-place op made out-of-place and back; a
+  keyword argument dropped; ``eval`` <-> ``train``.
 
 Every mutant is identified by `Mutant.key`: the exercise, the operator and a hash of the lines
 it changes (old and new text, not their line numbers), so a reviewed equivalent mutant keeps
@@ -217,11 +218,65 @@ def delete_statement(block, tree):
         yield _with_body(block, [*body[:i], *body[i + 1 :]])
 
 
+_CONTROL = (cst.Return, cst.Raise, cst.Break, cst.Continue, cst.Yield, cst.Await)
+
+
+def _nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _nodes(child)
+
+
+def _base_name(target: cst.CSTNode) -> Iterator[str]:
+    """The names an assignment to ``target`` rebinds or changes (``a.b[c] = 1`` changes ``a``)."""
+    if isinstance(target, cst.Name):
+        yield target.value
+    elif isinstance(target, cst.Attribute | cst.Subscript):
+        yield from _base_name(target.value)
+    elif isinstance(target, cst.Tuple | cst.List):
+        for element in target.elements:
+            yield from _base_name(element.value)
+    elif isinstance(target, cst.StarredElement):
+        yield from _base_name(target.value)
+
+
+def _effects(statement: cst.CSTNode) -> tuple[set[str], set[str], bool]:
+    """The names ``statement`` reads or writes, those it writes, and whether it is *pure*: no
+    call, no return/raise/break/yield, and only plain names assigned."""
+    names, written, pure = set(), set(), True
+    for node in _nodes(statement):
+        if isinstance(node, cst.Name):
+            names.add(node.value)
+        targets = []
+        if isinstance(
+            node, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.For | cst.CompFor
+        ):
+            targets = [node.target]
+        elif isinstance(node, cst.AsName):
+            targets = [node.name]
+        for target in targets:
+            written |= set(_base_name(target))
+            pure &= isinstance(target, cst.Name)
+        if isinstance(node, (cst.Call, cst.Del, cst.Global, cst.Nonlocal, *_CONTROL)):
+            pure = False
+    return names, written, pure
+
+
+def _commute(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Whether running ``b`` before ``a`` cannot change anything: neither writes a name the other
+    uses, and one of them is pure (so aliasing, calls and early exits cannot link them)."""
+    names_a, written_a, pure_a = _effects(a)
+    names_b, written_b, pure_b = _effects(b)
+    return not (written_a & names_b or written_b & names_a) and (pure_a or pure_b)
+
+
 def swap_statements(block, tree):
+    """Two adjacent statements swapped, unless they commute (`_commute`): such a swap cannot be
+    told from the solution, and would only add equivalent mutants to review."""
     body = _body(block)
     inside = set(_block_statements(block, tree))
     for i in sorted(inside):
-        if i + 1 in inside and body[i].deep_equals(body[i + 1]) is False:
+        if i + 1 in inside and not _commute(body[i], body[i + 1]):
             yield _with_body(block, [*body[:i], body[i + 1], body[i], *body[i + 2 :]])
 
 
@@ -356,6 +411,23 @@ def off_by_one(node, tree):
                     yield node.with_changes(**{field: _plus(bound, amount)})
 
 
+MODULES = {"torch", "F", "np", "numpy", "math", "nn", "functional"}
+
+
+def _operand_is_a_variable(call: cst.Call) -> bool:
+    """Whether the tensor ``call`` would change in place is one the code holds (``x.mul(2)``,
+    ``torch.exp(x)``), not a temporary (``(x - m).exp()``): in place on a temporary changes
+    nothing anyone sees."""
+    owner = call.func.value
+    is_function = (
+        isinstance(owner, cst.Name)
+        and owner.value in MODULES
+        or (isinstance(owner, cst.Attribute) and owner.attr.value in MODULES)
+    )
+    operand = (call.args[0].value if call.args else None) if is_function else owner
+    return isinstance(operand, cst.Name | cst.Attribute | cst.Subscript)
+
+
 def toggle_in_place(node, tree):
     """``x.add_(y)`` -> ``x.add(y)``; ``z = x.mul(2)`` -> ``z = x.mul_(2)``; ``x += y`` ->
     ``x = x + y``; ``x = x + y`` -> ``x += y``."""
@@ -363,7 +435,11 @@ def toggle_in_place(node, tree):
         name = node.func.attr.value
         if re.fullmatch(r"[a-z][a-z0-9_]*[a-z0-9]_", name) and name not in NOT_IN_PLACE_TWINS:
             yield node.with_changes(func=node.func.with_changes(attr=cst.Name(name[:-1])))
-        elif name in OUT_OF_PLACE and not isinstance(tree.parent.get(id(node)), cst.Expr):
+        elif (
+            name in OUT_OF_PLACE
+            and not isinstance(tree.parent.get(id(node)), cst.Expr)
+            and _operand_is_a_variable(node)
+        ):
             yield node.with_changes(func=node.func.with_changes(attr=cst.Name(name + "_")))
     if isinstance(node, cst.AugAssign) and type(node.operator) in AUGMENTED:
         value = cst.BinaryOperation(node.target, AUGMENTED[type(node.operator)](), node.value)
