@@ -114,6 +114,7 @@ def run_chapter(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
     results = {e: {"baseline": None, "mutants": {}} for e in found}
+    load = os.getloadavg()[0]  # the machine may be shared: its load explains the run time
     started = time.monotonic()
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
         json.dump(job, file)
@@ -143,7 +144,8 @@ def run_chapter(
         "chapter": chapter.id,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores"
-        + (f", {torch.cuda.get_device_name(0)}" if gpu else ", no GPU"),
+        + (f", {torch.cuda.get_device_name(0)}" if gpu else ", no GPU")
+        + f", load {load:.1f} at the start",
         "torch": torch.__version__,
         "jobs": jobs,
         "seconds": round(time.monotonic() - started, 1),

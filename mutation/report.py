@@ -72,14 +72,14 @@ def render(results: dict[str, dict], chapters: list[str], total_seconds: float |
     lines = [
         "# Validity: mutation scores of every exercise's check",
         "",
-        'Written by `make mutate` (`python -m mutation`; `make mutate CHAPTERS="ch04 ch06"` for '
-        "some chapters). Each mutant is the solution's answer cell with one learner-like mistake "
-        "(`mutation/operators.py`); it runs after the chapter's settings cell, then the "
-        "exercise's test cell runs, hidden tests included, with "
-        "`FORGE_GRADING_SEED` fixed. Killed: the test cell failed (the check's message, another "
-        "exception, a timeout or a crash; the columns say which). Equivalent: reviewed, with "
-        "the reason, in `mutation/equivalent/chNN.toml`. Score = killed / (mutants − "
-        f"equivalent); goal ≥ {GOAL:.0%} for every exercise.",
+        'Written by `make mutate` (`python -m mutation`; `make mutate CHAPTERS="ch04 ch06"`',
+        "for some chapters). Each mutant is the solution's answer cell with one learner-like",
+        "mistake (`mutation/operators.py`). It runs after the chapter's settings cell, then the",
+        "exercise's test cell runs, hidden tests included, with `FORGE_GRADING_SEED` fixed.",
+        "Killed: the test cell failed (the check's message, another exception, a timeout or a",
+        "crash; the columns say which). Equivalent: reviewed, with the reason, in",
+        "`mutation/equivalent/chNN.toml`. Score = killed / (mutants − equivalent); the goal is",
+        f"at least {GOAL:.0%} for every exercise.",
         "",
     ]
     if total_seconds is not None:
