@@ -65,7 +65,10 @@ def load_results() -> dict[str, dict]:
 def _cell(text: str) -> str:
     if not text:
         return "(deleted)"
-    return "`" + text.replace("\n", " ⏎ ").replace("`", "'").replace("|", "\\|") + "`"
+    text = text.replace("\n", " ⏎ ")
+    if len(text) > 150:  # a moved block: its first lines say which it is
+        text = text[:147] + "…"
+    return "`" + text.replace("`", "'").replace("|", "\\|") + "`"
 
 
 def render(results: dict[str, dict], chapters: list[str], total_seconds: float | None) -> str:
@@ -82,8 +85,12 @@ def render(results: dict[str, dict], chapters: list[str], total_seconds: float |
         f"at least {GOAL:.0%} for every exercise.",
         "",
     ]
+    total = sum(result["seconds"] for result in results.values())
+    lines += [f"The chapters' run times add up to {total / 60:.0f} min (table below)."]
     if total_seconds is not None:
-        lines += [f"Last `make mutate` ({' '.join(chapters)}): {total_seconds / 60:.1f} min.", ""]
+        lines += [f"The last run, `python -m mutation {' '.join(chapters)}`, took "
+                  f"{total_seconds / 60:.1f} min."]  # fmt: skip
+    lines += [""]
     lines += [
         "| exercise | mutants | killed | by message / error / timeout / crash | survived "
         "| equivalent | score |",
