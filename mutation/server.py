@@ -131,6 +131,9 @@ def _fork(job: dict, source: str, tests: str, folder: str, name: str, export: st
         return pid, out, log
     try:
         os.setsid()
+        # A folder of its own: whatever a mutant writes to relative paths stays out of the repo.
+        os.makedirs(os.path.join(folder, name + ".cwd"))
+        os.chdir(os.path.join(folder, name + ".cwd"))
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
