@@ -7,7 +7,7 @@ LAB_ARGS ?=
 # Tools that the tests start by name (nbgrader runs `alembic`, the lab test runs `jupyter`).
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup lab check test release grade bench
+.PHONY: setup lab check test release grade bench mutate
 
 setup: $(STAMP)
 
@@ -45,3 +45,9 @@ bench: setup
 grade: setup
 	FORGE_GRADING_DIR=$(CURDIR)/grading/examples $(BIN)/forge-course grade \
 		--submitted autograder/examples --force
+
+# Mutation-tests every exercise's check into benchmarks/VALIDITY.md (CHAPTERS="ch04 ch06" for
+# some). Not part of `make test`: it runs each exercise's hidden tests once per mutant.
+CHAPTERS ?=
+mutate: setup
+	nice -n 10 $(BIN)/python -m mutation $(CHAPTERS)
