@@ -315,6 +315,56 @@ def fit_accumulate_no_tail(model, optimizer, loss_fn, train_loader, val_loader, 
         evaluate(model, loss_fn, val_loader, device)
 
 
+def fit_step_after_loop(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        optimizer.zero_grad()
+        for x, y in train_loader:
+            loss_fn(model(x.to(device)), y.to(device)).backward()
+        optimizer.step()  # BUG: after the batch loop, so once per epoch
+        evaluate(model, loss_fn, val_loader, device)
+
+
+def fit_accumulate_unscaled(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for i, (x, y) in enumerate(train_loader):
+            loss_fn(model(x.to(device)), y.to(device)).backward()  # BUG: not divided by 2
+            if i % 2 == 1 or i + 1 == len(train_loader):
+                optimizer.step()
+                optimizer.zero_grad()
+        evaluate(model, loss_fn, val_loader, device)
+
+
+def fit_new_optimizer_each_epoch(model, optimizer, loss_fn, train_loader, val_loader, epochs, dev):
+    for _ in range(epochs):
+        optimizer = torch.optim.Adam(model.parameters())  # BUG: its state is lost every epoch
+        fit_plain(model, optimizer, loss_fn, train_loader, val_loader, 1, dev)
+
+
+def fit_steplr_per_batch(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=epochs, gamma=0.1)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss_fn(model(x.to(device)), y.to(device)).backward()
+            optimizer.step()
+            scheduler.step()  # BUG: step_size counts epochs
+        evaluate(model, loss_fn, val_loader, device)
+
+
+def fit_trains_on_validation(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    fit_plain(model, optimizer, loss_fn, val_loader, val_loader, epochs, device)  # BUG
+
+
+def fit_does_nothing(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    return model  # BUG: never trains
+
+
 # (code expected, loop, device to ask for). The device bug needs a device the loop fails to use;
 # on a CPU-only machine that is "meta": a loop that moves nothing trains on the CPU instead,
 # which is the silent form of the bug (everything left on the CPU while a GPU was asked for).
@@ -334,6 +384,12 @@ BUGGY = [
     ("wrong_device", fit_ignores_device, "meta"),
     ("scheduler_before_optimizer", fit_scheduler_first, None),
     ("accumulation_tail_leak", fit_accumulate_no_tail, None),
+    ("step_once_per_epoch", fit_step_after_loop, None),
+    ("accumulation_unscaled", fit_accumulate_unscaled, None),
+    ("optimizer_rebuilt", fit_new_optimizer_each_epoch, None),
+    ("scheduler_wrong_rate", fit_steplr_per_batch, None),
+    ("trains_on_validation", fit_trains_on_validation, None),
+    ("loaders_not_iterated", fit_does_nothing, None),
 ]
 
 

@@ -86,7 +86,9 @@ def test_the_corpus_is_large_varied_and_covers_every_code():
     correct = [loop for loop in LOOPS if loop.correct]
     assert len(LOOPS) >= 40 and len(correct) >= 15 and len(LOOPS) - len(correct) >= 25
     labelled = set().union(*(loop.expected for loop in LOOPS))
-    assert labelled == set(CODES), f"unknown: {labelled - set(CODES)}, none: {set(CODES) - labelled}"
+    assert labelled == set(CODES), (
+        f"no such code: {labelled - set(CODES)}, unused: {set(CODES) - labelled}"
+    )
     assert all(loop.name.startswith("ok_" if loop.correct else "bug_") for loop in LOOPS)
 
 

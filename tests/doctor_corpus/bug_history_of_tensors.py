@@ -19,5 +19,7 @@ def fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
             history["train_loss"].append(loss)
         model.eval()
         with torch.no_grad():
-            history["val_loss"] += [loss_fn(model(x.to(device)), y.to(device)) for x, y in val_loader]
+            history["val_loss"] += [
+                loss_fn(model(x.to(device)), y.to(device)) for x, y in val_loader
+            ]
     return dict(history)

@@ -1,4 +1,4 @@
-"""The two loaders swapped by a helper's argument order: trains on validation, validates on train."""
+"""The loaders swapped by a helper's argument order: trains on validation, validates on train."""
 # expect: trains_on_validation
 
 import torch

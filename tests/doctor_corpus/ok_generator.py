@@ -1,4 +1,4 @@
-"""Batches come through a generator that moves them to the device; the metrics are a generator too."""
+"""Batches come through a generator that moves them to the device; metrics are a generator too."""
 # expect: none
 
 import torch
@@ -10,9 +10,7 @@ def on_device(loader, device):
 
 
 def accuracy(model, loader, device):
-    hits = (
-        (model(x).argmax(1) == y).float().mean().item() for x, y in on_device(loader, device)
-    )
+    hits = ((model(x).argmax(1) == y).float().mean().item() for x, y in on_device(loader, device))
     return sum(hits) / len(loader)
 
 

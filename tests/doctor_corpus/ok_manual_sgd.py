@@ -1,4 +1,4 @@
-"""No optimizer at all: a hand-written SGD update under `torch.no_grad()`, as in from-scratch tutorials."""
+"""No optimizer at all: a hand-written SGD update under `torch.no_grad()`, as tutorials do it."""
 # expect: none
 
 import torch

@@ -1,4 +1,4 @@
-"""A step-driven `while` loop over a restarting iterator, in the style of iteration-based trainers."""
+"""A step-driven `while` loop over a restarting iterator, as iteration-based trainers do."""
 # expect: none
 
 import torch
