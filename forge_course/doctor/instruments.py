@@ -47,6 +47,7 @@ class ForwardRecord:
     """One forward pass of the patient, as the doctor saw it."""
 
     source: str | None  # sources.TRAIN, VAL or BOTH: the data set its input rows came from
+    phase: str | None  # the given loader that yielded last, for inputs matching no example
     epoch: int  # passes over the training loader started so far
     index: int  # forwards so far, this one included
     grad_enabled: bool  # was autograd recording a graph?
@@ -62,8 +63,13 @@ class ForwardRecord:
 
     @property
     def validation(self) -> bool:
-        """A forward on validation examples that no backward pass used."""
-        return self.source == VAL and not self.backpropagated
+        """A forward on validation examples that no backward pass used.
+
+        An input that matches no example (normalised by the loop, say) counts as validation when
+        the validation loader yielded last: the best guess left.
+        """
+        from_val = self.source == VAL or (self.source is None and self.phase == VAL)
+        return from_val and not self.backpropagated
 
     def age(self, updates: int) -> int:
         """Updates made since backward used this forward (or since it ran, if none did)."""
@@ -278,11 +284,8 @@ class Chart:
 
     def _source(self, args: tuple) -> str | None:
         inputs = [arg for arg in args if isinstance(arg, torch.Tensor)]
-        if not inputs:
-            return None
-        source = self.sources.of(inputs[0])
-        # Rows that cannot be read (a meta tensor) leave only the loader that yielded last.
-        return self.phase if source == UNREADABLE else source
+        source = self.sources.of(inputs[0]) if inputs else None
+        return None if source == UNREADABLE else source
 
     def _before_forward(self, model: nn.Module, args: tuple) -> None:
         self._watch(model)
@@ -300,6 +303,7 @@ class Chart:
         self.forwards.append(
             ForwardRecord(
                 self._source(args),
+                self.phase,
                 self.epoch,
                 len(self.forwards) + 1,
                 torch.is_grad_enabled(),

@@ -11,9 +11,9 @@ distinct, so every row of an input can be looked up among them:
    batch to a device, caching it, concatenating or indexing it keeps the rows' values, so a
    derived tensor is found too.
 
-An input whose rows match nothing (data the loop made up, or transformed beyond recognition) has
-no source. Only when its rows cannot be read does the doctor fall back on the loader that
-yielded last.
+An input whose rows match nothing (data the loop made up or transformed, a meta tensor whose
+values cannot be read) has no source; for the validation checks only, the doctor then falls back
+on the loader that yielded last (see `instruments.ForwardRecord.validation`).
 """
 
 from __future__ import annotations
