@@ -4,7 +4,8 @@ Each rule returns the evidence for its finding, or None. Words used below:
 
 - a *training forward* is one that backward later ran through (its graph got a gradient);
 - a *validation forward* is one on validation examples (see `sources`) that no backward used,
-  whichever loader yielded last and however the loop got its batch;
+  however the loop got its batch (only an input matching no example is judged by the loader
+  that yielded last);
 - an *update* is one `optimizer.step()` by any optimizer (one `fit` builds itself included, and
   LBFGS's `step(closure)`), or a hand-written change of the parameters (``p -= lr * p.grad``)
   made while gradients were waiting in `.grad`;
@@ -93,9 +94,12 @@ def train_mode_not_restored(chart: Chart, finished: bool) -> str | None:
 
 
 def grad_enabled_in_eval(chart: Chart, finished: bool) -> str | None:
-    """A validation forward ran with autograd recording."""
+    """A validation forward recorded a graph: autograd was on and something required gradients.
+
+    Parameters switched to ``requires_grad=False`` record nothing, so they do not count.
+    """
     val = [r for r in chart.forwards if r.validation]
-    bad = [r for r in val if r.grad_enabled]
+    bad = [r for r in val if r.grad_enabled and r.graph is not None]
     if not bad:
         return None
     return f"{len(bad)} of {len(val)} validation forwards recorded a graph, {_first(bad)}"
