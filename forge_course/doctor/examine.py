@@ -56,7 +56,7 @@ def _examine(fit: Fit, epochs: int, wanted: torch.device) -> Report:
         torch.manual_seed(patient.SEED)
         train_set, val_set = patient.make_datasets(torch.Generator().manual_seed(patient.SEED))
         sources = Sources(train_set.tensors[0], val_set.tensors[0])
-        chart = Chart(wanted, sources, epochs, patient.batches_per_epoch())
+        chart = Chart(wanted, sources, epochs, patient.batches_per_epoch(), patient.N_TRAIN)
         model = patient.PatientNet()
         optimizer = torch.optim.SGD(model.parameters(), lr=patient.LEARNING_RATE)
         loss_fn = nn.CrossEntropyLoss()

@@ -128,7 +128,7 @@ def stale_optimizer(chart: Chart, finished: bool) -> str | None:
     parameters (`requires_grad=False`) get no gradient and are left out.
     """
     names = chart.never_stepped()
-    if not finished or not names or _nothing_applied(chart):
+    if not finished or not names or not chart.updates:
         return None  # with no update at all, `no_learning` says it
     return (
         f"{', '.join(names)} received gradients, but none of the {len(chart.updates)} "
@@ -140,14 +140,22 @@ def _nothing_applied(chart: Chart) -> bool:
     return not any(u.applied for u in chart.updates)
 
 
+def _only_unheld_gradients(chart: Chart) -> bool:
+    """Updates were made, but every parameter that got a gradient was outside all of them (an
+    optimizer over a copy of the model): `stale_optimizer` names that cause."""
+    got = [key for key, count in chart.backwards.items() if count]
+    return bool(chart.updates and got) and all(not chart.covered[key] for key in got)
+
+
 def no_learning(chart: Chart, finished: bool) -> str | None:
     """In a finished run, no update applied a non-zero gradient.
 
     Three ways to get there, told apart in the evidence: no gradient ever arrives (no backward,
     a forward under `no_grad`, a detached output), gradients arrive but are cleared before each
-    update, or no update is made at all.
+    update, or no update is made at all. When updates were made but none held a parameter that
+    got gradients, `stale_optimizer` says so instead.
     """
-    if not finished or not _nothing_applied(chart):
+    if not finished or not _nothing_applied(chart) or _only_unheld_gradients(chart):
         return None
     if not any(chart.backwards.values()):
         train = sum(r.source == TRAIN for r in chart.forwards)
@@ -163,30 +171,33 @@ def no_learning(chart: Chart, finished: bool) -> str | None:
 def step_once_per_epoch(chart: Chart, finished: bool) -> str | None:
     """A finished run made at most one update per epoch, each after a whole epoch's batches.
 
-    "A whole epoch" is at least ``len(train_loader)`` training forwards since the update before,
-    so accumulation over fewer batches than an epoch has is not mistaken for this.
-
-    LBFGS's `step(closure)` is left out: a closure may run a whole epoch (full-batch LBFGS).
+    "A whole epoch's batches" is two or more training forwards since the update before, on as
+    many examples as the training set holds, whatever the batch size: accumulation over part of
+    an epoch is not mistaken for this, and neither is full-batch gradient descent (one forward
+    on the whole set per update). LBFGS's `step(closure)` is left out: a closure may run a whole
+    epoch (full-batch LBFGS).
     """
     updates = chart.updates
     training = [r for r in chart.forwards if r.training]
-    # Training forwards made before each update and after the one before it.
-    per_update = [sum(r.updates_before == n for r in training) for n in range(len(updates))]
+    # Training forwards, and their examples, before each update and after the one before it.
+    before = [[r for r in training if r.updates_before == n] for n in range(len(updates))]
     if (
         not finished
         or not 1 <= len(updates) <= chart.epochs
-        or min(per_update) < max(2, chart.batches_per_epoch)
+        or any(len(group) < 2 for group in before)
+        or any(sum(r.examples for r in group) < chart.examples_per_epoch for group in before)
         or any(u.kind == "closure" for u in updates)
         or _nothing_applied(chart)
     ):
         return None
+    fewest = min(len(group) for group in before)
     cleared = (
         f"; the gradients of {chart.discarded} of them were cleared before any update applied them"
         if chart.discarded
         else ""
     )
     return (
-        f"{len(updates)} update(s) in {chart.epochs} epochs, each after {min(per_update)} or more "
+        f"{len(updates)} update(s) in {chart.epochs} epochs, each after {fewest} or more "
         "training batches" + cleared
     )
 

@@ -50,6 +50,7 @@ class ForwardRecord:
     phase: str | None  # the given loader that yielded last, for inputs matching no example
     epoch: int  # passes over the training loader started so far
     index: int  # forwards so far, this one included
+    examples: int  # rows in its input (1 for an input without a batch dimension)
     grad_enabled: bool  # was autograd recording a graph?
     dropout_active: tuple[bool, ...]  # `training` flag of each Dropout module
     updates_before: int  # updates made before this forward
@@ -191,6 +192,11 @@ def _on_device(actual: torch.device, wanted: torch.device) -> bool:
     return actual.type == wanted.type and wanted.index in (None, actual.index)
 
 
+def _examples(args: tuple) -> int:
+    inputs = [arg for arg in args if isinstance(arg, torch.Tensor)]
+    return inputs[0].shape[0] if inputs and inputs[0].dim() > 1 else 1
+
+
 def _norm(params) -> float:
     squares = 0.0
     for param in params:
@@ -203,12 +209,18 @@ class Chart:
     """Records of one run of a training loop on the patient. See the module docstring."""
 
     def __init__(
-        self, device: torch.device, sources: Sources, epochs: int, batches_per_epoch: int
+        self,
+        device: torch.device,
+        sources: Sources,
+        epochs: int,
+        batches_per_epoch: int,
+        examples_per_epoch: int,
     ) -> None:
         self.device = device
         self.sources = sources
         self.epochs = epochs  # the epochs `fit` was asked for
         self.batches_per_epoch = batches_per_epoch  # len(train_loader)
+        self.examples_per_epoch = examples_per_epoch  # len(train_loader.dataset)
         self.watching = False
         self.phase: str | None = None  # the given loader that yielded last
         self.epoch = 0
@@ -306,6 +318,7 @@ class Chart:
                 self.phase,
                 self.epoch,
                 len(self.forwards) + 1,
+                _examples(args),
                 torch.is_grad_enabled(),
                 dropout,
                 len(self.updates),
