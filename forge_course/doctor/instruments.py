@@ -249,11 +249,6 @@ class Chart:
         self._handles: list = []
 
     @property
-    def steps(self) -> int:
-        """Updates made by `optimizer.step()`, closures included."""
-        return sum(u.kind != "manual" for u in self.updates)
-
-    @property
     def grad_norms(self) -> list[float]:
         return [u.norm for u in self.updates]
 
