@@ -20,6 +20,8 @@ from torch import nn
 
 from forge_course.device import available_devices
 from forge_course.doctor import CODES, Finding, Report, diagnose, main
+from forge_course.doctor.schedulers import SchedulerLog, watching_schedulers
+from forge_course.doctor.sources import BOTH, TRAIN, UNREADABLE, VAL, Sources
 
 # -- helpers shared by the loops -------------------------------------------------------------
 
@@ -315,6 +317,56 @@ def fit_accumulate_no_tail(model, optimizer, loss_fn, train_loader, val_loader, 
         evaluate(model, loss_fn, val_loader, device)
 
 
+def fit_step_after_loop(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        optimizer.zero_grad()
+        for x, y in train_loader:
+            loss_fn(model(x.to(device)), y.to(device)).backward()
+        optimizer.step()  # BUG: after the batch loop, so once per epoch
+        evaluate(model, loss_fn, val_loader, device)
+
+
+def fit_accumulate_unscaled(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for i, (x, y) in enumerate(train_loader):
+            loss_fn(model(x.to(device)), y.to(device)).backward()  # BUG: not divided by 2
+            if i % 2 == 1 or i + 1 == len(train_loader):
+                optimizer.step()
+                optimizer.zero_grad()
+        evaluate(model, loss_fn, val_loader, device)
+
+
+def fit_new_optimizer_each_epoch(model, optimizer, loss_fn, train_loader, val_loader, epochs, dev):
+    for _ in range(epochs):
+        optimizer = torch.optim.Adam(model.parameters())  # BUG: its state is lost every epoch
+        fit_plain(model, optimizer, loss_fn, train_loader, val_loader, 1, dev)
+
+
+def fit_steplr_per_batch(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=epochs, gamma=0.1)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss_fn(model(x.to(device)), y.to(device)).backward()
+            optimizer.step()
+            scheduler.step()  # BUG: step_size counts epochs
+        evaluate(model, loss_fn, val_loader, device)
+
+
+def fit_trains_on_validation(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    fit_plain(model, optimizer, loss_fn, val_loader, val_loader, epochs, device)  # BUG
+
+
+def fit_does_nothing(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    return model  # BUG: never trains
+
+
 # (code expected, loop, device to ask for). The device bug needs a device the loop fails to use;
 # on a CPU-only machine that is "meta": a loop that moves nothing trains on the CPU instead,
 # which is the silent form of the bug (everything left on the CPU while a GPU was asked for).
@@ -334,6 +386,12 @@ BUGGY = [
     ("wrong_device", fit_ignores_device, "meta"),
     ("scheduler_before_optimizer", fit_scheduler_first, None),
     ("accumulation_tail_leak", fit_accumulate_no_tail, None),
+    ("step_once_per_epoch", fit_step_after_loop, None),
+    ("accumulation_unscaled", fit_accumulate_unscaled, None),
+    ("optimizer_rebuilt", fit_new_optimizer_each_epoch, None),
+    ("scheduler_wrong_rate", fit_steplr_per_batch, None),
+    ("trains_on_validation", fit_trains_on_validation, None),
+    ("loaders_not_iterated", fit_does_nothing, None),
 ]
 
 
@@ -368,6 +426,52 @@ def test_evidence_names_what_was_seen():
     assert "1 epoch(s) began with the gradients of up to 1 backward pass(es)" in leak
     assert "not one non-zero gradient" in diagnose(fit_no_backward).findings[0].evidence
     assert "updates found `.grad` empty" in diagnose(fit_zero_between).findings[0].evidence
+
+
+def test_evidence_says_where_each_new_mistake_was_seen():
+    def evidence(fit):
+        return " ".join(f.evidence for f in diagnose(fit).findings)
+
+    assert "training forwards were on batches with validation examples, the first at forward 1" in (
+        evidence(fit_trains_on_validation)
+    )
+    assert "StepLR(step_size=2) counts epochs" in evidence(fit_steplr_per_batch)
+    assert "stepped after batches, 14 times" in evidence(fit_steplr_per_batch)
+    assert "2 different Adam optimizers" in evidence(fit_new_optimizer_each_epoch)
+    assert "each after 7 or more training batches" in evidence(fit_step_after_loop)
+    assert "up to 2 undivided losses" in evidence(fit_accumulate_unscaled)
+    assert "none of them on a batch from `train_loader` or `val_loader`" in evidence(
+        fit_does_nothing
+    )
+
+
+def test_sources_find_a_batch_however_the_loop_derived_it():
+    train, val = torch.arange(12.0).reshape(4, 3), -torch.arange(1.0, 7.0).reshape(2, 3)
+    sources = Sources(train, val)
+    batch = train[:2].clone()
+    sources.remember((batch, torch.tensor([0, 1])), "train")
+    assert sources.of(batch) == TRAIN
+    assert sources.of(train[[3, 1]].double()) == TRAIN  # indexed, cast without loss
+    assert sources.of(val[1]) == VAL  # one example
+    assert sources.of(torch.cat([train[:1], val])) == BOTH
+    assert sources.of(train[:2] * 2) is None  # values changed: no longer an example
+    assert sources.of(torch.zeros(2, 3, device="meta")) == UNREADABLE
+
+
+def test_schedulers_are_watched_from_their_first_step_not_their_construction():
+    log = SchedulerLog()
+    optimizer = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=1.0)
+    with watching_schedulers(lambda scheduler: log.stepped(scheduler, epoch=1)):
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        for _ in range(3):
+            optimizer.step()
+            scheduler.step()
+    log.finish()
+    torch.optim.lr_scheduler.StepLR(optimizer, step_size=1).step()  # after the block: unseen
+    (record,) = log.records.values()
+    assert (record.name, record.length, record.kind) == ("StepLR", 3, "period")
+    assert record.epochs_of_steps == [1, 1, 1]
+    assert (record.first_lr, record.last_lr) == (1.0, 0.5)
 
 
 def test_a_loop_that_raises_is_reported_not_propagated():

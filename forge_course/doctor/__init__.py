@@ -15,12 +15,21 @@ explanation and the evidence from this run::
 From a shell: ``forge-course doctor path/to/script.py:fit`` or
 ``python -m forge_course.doctor path/to/script.py:fit``.
 
-Modules: `patient` (the model and data), `instruments` (what is watched), `findings` (the rule
-for every code), `report` (codes, messages, output), `examine` (`diagnose`), `cli` (`main`).
+Modules: `patient` (the model and data), `sources` (which data set a batch came from),
+`schedulers` (how often each scheduler steps), `instruments` (what is watched), `findings` (the
+rule for every code), `report` (codes, messages, output), `examine` (`diagnose`), `cli` (`main`).
+
+A forward counts as validation or training by its input's rows, not by the loader that yielded
+last, so loops that cache batches on the device, build their own DataLoader over the datasets,
+interleave the loaders or draw batches through generators are read correctly.
+`tests/doctor_corpus/` holds the labelled loops that measure this (see the README).
 
 Limits: the doctor sees the model's forwards through module hooks, so a loop that calls
 `model.forward(x)` directly hides its forwards (gradients and updates are still seen). The
-softmax check watches the `loss_fn` it hands over, not a loss the loop builds itself.
+softmax and accumulation checks watch the `loss_fn` it hands over, not a loss the loop builds
+itself. An input whose values the loop changes (normalised, cast to half precision) matches no
+example, so validation checks skip it. A scheduler's rate is judged only when its length ties it
+to the run's epochs or batches (see `schedulers`).
 """
 
 from forge_course.doctor.cli import main

@@ -12,6 +12,7 @@ from forge_course.doctor import patient
 from forge_course.doctor.findings import read_chart
 from forge_course.doctor.instruments import Chart, WatchedLoader
 from forge_course.doctor.report import Report
+from forge_course.doctor.sources import Sources
 
 Fit = Callable[..., object]
 
@@ -50,11 +51,12 @@ def diagnose(fit: Fit, *, epochs: int = 2, device: torch.device | str | None = N
 
 
 def _examine(fit: Fit, epochs: int, wanted: torch.device) -> Report:
-    chart = Chart(wanted)
     error = None
     with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
         torch.manual_seed(patient.SEED)
         train_set, val_set = patient.make_datasets(torch.Generator().manual_seed(patient.SEED))
+        sources = Sources(train_set.tensors[0], val_set.tensors[0])
+        chart = Chart(wanted, sources, epochs, patient.batches_per_epoch(), patient.N_TRAIN)
         model = patient.PatientNet()
         optimizer = torch.optim.SGD(model.parameters(), lr=patient.LEARNING_RATE)
         loss_fn = nn.CrossEntropyLoss()
@@ -76,8 +78,8 @@ def _examine(fit: Fit, epochs: int, wanted: torch.device) -> Report:
                 error = exc
     seen = {
         "training_forwards": sum(r.backpropagated for r in chart.forwards),
-        "validation_forwards": sum(r.phase == "val" for r in chart.forwards),
-        "updates": chart.steps,
+        "validation_forwards": sum(r.validation for r in chart.forwards),
+        "updates": len(chart.updates),
         "epochs": len({r.epoch for r in chart.forwards if r.backpropagated}),
     }
     return Report(read_chart(chart, error), seen)

@@ -23,6 +23,11 @@ N_VAL = 24  # 3 validation batches
 LEARNING_RATE = 0.1  # of the plain SGD optimizer handed to the loop
 
 
+def batches_per_epoch() -> int:
+    """Batches the training loader yields per pass."""
+    return -(-N_TRAIN // BATCH_SIZE)
+
+
 class PatientNet(nn.Module):
     """Linear → ReLU → Dropout → Linear, with the last layer kept apart as `head`.
 

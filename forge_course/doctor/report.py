@@ -13,18 +13,27 @@ CODES: dict[str, str] = {
         "`fit` raised an exception, so the run stopped early and only what happened before it is "
         "reported."
     ),
+    "loaders_not_iterated": (
+        "`fit` never drew a batch from `train_loader` or `val_loader`, and the model never saw "
+        "their examples, so there was nothing to examine: train on the loaders `fit` is given."
+    ),
     "missing_zero_grad": (
         "`.grad` still held gradients that an earlier update had already applied, so every update "
         "used the running sum of all past gradients: call `optimizer.zero_grad()` once per update."
+    ),
+    "trains_on_validation": (
+        "The model was trained on validation examples, so the validation numbers no longer "
+        "measure anything unseen: backpropagate only losses of training batches, and keep "
+        "`val_loader` for evaluation."
     ),
     "no_eval_mode": (
         "Validation ran with the model in train mode, so Dropout kept dropping units and the "
         "validation numbers are noisy: call `model.eval()` before validating."
     ),
     "train_mode_not_restored": (
-        "Training ran with the model in eval mode (Dropout off): validation switched it to eval "
-        "and nothing switched it back. After validating, put each module's mode back as it was "
-        "(chapter 06), or call `model.train()` at the start of every epoch."
+        "Training ran with the model in eval mode (Dropout off), usually because validation "
+        "switched it to eval and nothing switched it back. After validating, put each module's "
+        "mode back as it was (chapter 06), or call `model.train()` at the start of every epoch."
     ),
     "grad_enabled_in_eval": (
         "Validation recorded an autograd graph, storing activations for a backward pass that never "
@@ -42,6 +51,26 @@ CODES: dict[str, str] = {
         "No update ever applied a non-zero gradient, so nothing was learned: check that "
         "`loss.backward()` runs on an output that is not detached or computed under "
         "`torch.no_grad()`, and that `optimizer.step()` follows it with no `zero_grad()` between."
+    ),
+    "step_once_per_epoch": (
+        "`optimizer.step()` ran once per epoch instead of once per batch (it sits after the "
+        "batch loop), so the model made a single update from a whole epoch's gradients: move "
+        "`optimizer.step()` (and `zero_grad()`) into the batch loop."
+    ),
+    "accumulation_unscaled": (
+        "Gradients of several batches were summed into one update without dividing each loss by "
+        "the number of batches summed, so each update was that many times too large: divide the "
+        "loss by the accumulation steps (the last group's size for a short last group)."
+    ),
+    "optimizer_rebuilt": (
+        "A new optimizer was built during training (every epoch or every batch), so its state "
+        "(momentum, Adam's running averages) started from zero each time: build the optimizer "
+        "once, before the epoch loop."
+    ),
+    "scheduler_wrong_rate": (
+        "A learning-rate scheduler was stepped at the wrong rate: its schedule is sized in epochs "
+        "but it was stepped after every batch, or sized in batches but stepped once per epoch. "
+        "Step it as often as its length counts (or size it in the unit you step it in)."
     ),
     "softmax_before_cross_entropy": (
         "The loss received probabilities, but `CrossEntropyLoss` applies log-softmax itself and "
