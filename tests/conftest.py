@@ -44,6 +44,7 @@ def add_cells(path: Path, first: str | None = None, last: str | None = None) -> 
 # other slow test, longest first, and the quick ones come last, where stealing evens them out.
 COSTS = {
     "test_grader_class.py::test_a_class_of_40": 80,
+    "test_colab_runtime.py": 130,  # each chapter; 13 of them, on one worker (SHARED)
     "test_grader_boundary.py": 120,
     "test_autograde.py": 110,
     "test_grader_determinism.py": 90,

@@ -1,7 +1,7 @@
 """Colab as a first-time learner meets it: every released chapter, run in a Colab-like runtime.
 
 Colab's packages come from the public repository `googlecolab/backend-info` (`pip-freeze.txt`,
-snapshot of 2026-08-19), copied to `../shared/colab/`; `colab-subset.txt` keeps the packages
+snapshot of 2026-08-19), copied to `tests/colab/`; `colab-subset.txt` keeps the packages
 the chapters touch (kernel, widgets, plotting, numerics), at Colab's versions: ipywidgets 7.7.1,
 ipykernel 6.17.1, IPython 7.34.0, traitlets 5.7.1, and Colab's pip 24.1.2. Differences from
 Colab, each forced by this machine: Python 3.11 (Colab's is 3.13; the CPU torch wheel here is

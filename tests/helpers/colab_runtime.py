@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -26,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SNAPSHOT = Path(os.environ.get("FORGE_COLAB_SNAPSHOT", REPO.parent / "shared" / "colab"))
+# Colab's package lists (googlecolab/backend-info, pip-freeze.txt, snapshot of 2026-08-19).
+SNAPSHOT = REPO / "tests" / "colab"
 SUBSET = SNAPSHOT / "colab-subset.txt"
 FREEZE = SNAPSHOT / "colab-pip-freeze.txt"
 TORCH = "torch==2.13.0+cpu"  # Colab's torch is a CUDA build; this is the CPU wheel on this machine
