@@ -21,9 +21,10 @@ import torch
 from forge_course.grading import Mistake, ch09
 from forge_course.observe import ch09 as observe_ch09
 from forge_course.reference import checkpoint as ref_checkpoint
+from tests.helpers.copied import copied
 
-SPEC_SAVE = ch09.spec_save_checkpoint.__wrapped__
-SPEC_LOAD = ch09.spec_load_checkpoint.__wrapped__
+SPEC_SAVE = copied(ch09.spec_save_checkpoint)
+SPEC_LOAD = copied(ch09.spec_load_checkpoint)
 
 
 def save_with_tempfile(path, model, optimizer, scheduler, step):

@@ -9,6 +9,7 @@ from forge_course.reference import capstone
 from forge_course.release import source_notebook
 from tests.answers import ch12 as answers
 from tests.conftest import REPO
+from tests.helpers.copied import copied
 
 CHAPTER = REPO / "solutions" / "ch12_capstone.py"
 
@@ -23,7 +24,7 @@ def _define(source: str, name: str):
 
 
 @pytest.mark.parametrize(
-    "answer", [capstone.smoke_test.__wrapped__, _define(answers.SMOKE_ALTERNATIVE, "smoke_test")]
+    "answer", [copied(capstone.smoke_test), _define(answers.SMOKE_ALTERNATIVE, "smoke_test")]
 )
 def test_smoke_test_accepts_correct_answers_in_any_style(answer):
     ch12.check_smoke_test(answer, thorough=True)
@@ -41,7 +42,7 @@ def test_smoke_test_names_each_known_mistake(message, wrong):
 
 def test_reference_smoke_test_passes_working_setups_and_fails_broken_ones():
     for case in ch12.smoke_cases(thorough=True):
-        observed = ch12.observe_smoke(capstone.smoke_test.__wrapped__, case)
+        observed = ch12.observe_smoke(copied(capstone.smoke_test), case)
         assert observed["passed"] is (case["setup"] in ch12.WORKING), case
         assert len(observed["losses"]) == case["steps"]
 
@@ -53,12 +54,12 @@ def test_a_smoke_test_that_returns_only_a_verdict_is_told_the_shape():
 
 def test_a_smoke_test_that_passes_a_loss_lower_at_some_point_fails():
     def lower_at_some_point(make_model, make_optimizer, loss_fn, batch, steps=10):
-        losses, _ = capstone.smoke_test.__wrapped__(make_model, make_optimizer, loss_fn, batch,
+        losses, _ = copied(capstone.smoke_test)(make_model, make_optimizer, loss_fn, batch,
                                                     steps)  # fmt: skip
         return losses, any(loss < losses[0] for loss in losses)
 
     case = {"setup": "dip_then_diverge", "device": "cpu", "seed": 3, "steps": 3}
-    observed = ch12.observe_smoke(capstone.smoke_test.__wrapped__, case)
+    observed = ch12.observe_smoke(copied(capstone.smoke_test), case)
     first, low, last = observed["losses"]
     assert low < first < last and observed["passed"] is False  # 5.125 → 1.125 → 10.125
     with pytest.raises(Mistake, match="lower at some point and then exploded"):
@@ -154,7 +155,7 @@ def test_capstone_names_each_known_mistake(message, wrong):
 
 @pytest.mark.parametrize("answer,says", [
     (capstone.plain_fit, "epochs followed by a complete validation pass should be 30, but it is 0"),
-    (capstone.fit.__wrapped__, "`fit` was given should be 300, but it is"),
+    (copied(capstone.fit), "`fit` was given should be 300, but it is"),
 ], ids=["never validates", "stops early"])  # fmt: skip
 def test_capstone_refuses_a_loop_that_skips_validation_or_epochs(answer, says):
     with pytest.raises(Mistake, match=says):
@@ -246,7 +247,7 @@ def test_checks_leave_the_callers_random_state_alone():
     torch.manual_seed(5)
     expected = torch.rand(4)
     torch.manual_seed(5)
-    ch12.check_smoke_test(capstone.smoke_test.__wrapped__)
+    ch12.check_smoke_test(copied(capstone.smoke_test))
     ch12.check_capstone(plain_validated_fit)
     assert torch.equal(torch.rand(4), expected)
 
