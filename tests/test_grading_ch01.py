@@ -112,6 +112,7 @@ def test_logsumexp_names_each_known_mistake(message, wrong):
     (answers.LOGSUMEXP_NAIVE, "Subtract the maximum m before `exp`"),
     (answers.LOGSUMEXP_IGNORES_UPSTREAM, "`backward` ignores `grad_output`"),
     (answers.LOGSUMEXP_NO_UNSQUEEZE, "grad_output.unsqueeze(dim)"),
+    (answers.LOGSUMEXP_DATA_AND_BACK, "writes into `x` (through `.data`, or in place)"),
 ])  # fmt: skip
 def test_logsumexp_wrong_answers_fail_the_visible_tests_with_their_message(source, phrase):
     with pytest.raises(Mistake) as caught:
@@ -179,7 +180,9 @@ class AppliesTorchLogSumExp(torch.autograd.Function):
     ids=["a class whose apply is torch.logsumexp", "apply overridden"],
 )
 def test_logsumexp_must_be_a_function_of_ones_own(answer):
-    with pytest.raises(Mistake, match="should run a `torch.autograd.Function` of your own"):
+    # A Function whose apply is torch.logsumexp is named for what it runs: torch's own.
+    phrase = "should run a `torch.autograd.Function` of your own|does the work the exercise asks"
+    with pytest.raises(Mistake, match=phrase):
         ch01.check_logsumexp(answer)
 
 
@@ -358,3 +361,19 @@ def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
         monkeypatch.setenv("FORGE_GRADING_SEED", "2")
         assert cases(thorough=True) != first
         assert cases(thorough=False) == cases(thorough=False)
+
+
+def test_straight_through_refuses_writing_into_x_even_when_it_is_put_back():
+    # x.data = ... swaps x's memory rather than writing into it: caught by x's values instead.
+    with pytest.raises(Mistake, match="writes into the caller's `x`|x after the call"):
+        ch01.check_straight_through(defined(answers.STE_DATA_AND_BACK, "round_ste"))
+
+    def rounds_and_restores(x):
+        saved = x.detach().clone()
+        x.data.round_()
+        out = x + 0
+        x.data.copy_(saved)
+        return out
+
+    with pytest.raises(Mistake, match="writes into the caller's `x`"):
+        ch01.check_straight_through(rounds_and_restores)

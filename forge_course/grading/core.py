@@ -199,15 +199,26 @@ def explain(
             wrongs.append((message, observe_wrong()))
         except Exception:  # noqa: BLE001  (a wrong implementation that fails explains nothing)
             continue
-    # A known mistake matches when it reproduces the whole observation; failing that, when it
-    # goes wrong in the same place and the same way (the rest may differ for other reasons).
+    # A known mistake is named only when the answer shows all of it: the whole observation, or
+    # (where the answer also goes wrong elsewhere) every part in which the mistake differs from
+    # the reference, each the same way. One shared symptom is not enough: several mistakes
+    # share one (the parameters never move), and naming the wrong one misleads.
     for message, wrong in wrongs:
         if first_difference(got, wrong) is None:
             raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}")
-    for message, wrong in wrongs:
-        if key is not None and _difference_at(got, wrong, key) is None:
-            raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}")
-    raise Mistake(grade_id, f"{diff}{where}." + (f"\nLikely mistake: {hint}" if hint else ""))
+    shown = [(m, w) for m, w in wrongs if _shows_all_of(got, w, want)]
+    # Of those, first one that explains the difference the message starts with.
+    shown.sort(key=lambda pair: _difference_at(pair[1], want, key) is None)
+    for message, wrong in shown:
+        also = "; something else differs too" if first_difference(got, wrong) else ""
+        raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}{also}")
+    others = _other_differences(got, want, key)
+    raise Mistake(
+        grade_id,
+        f"{diff}{where}."
+        + (f"\nAlso different: {', '.join(others)}." if others else "")
+        + (f"\nLikely mistake: {hint}" if hint else ""),
+    )
 
 
 def _first_differing_key(got: Observation, want: Observation) -> str | None:
@@ -216,10 +227,26 @@ def _first_differing_key(got: Observation, want: Observation) -> str | None:
     return next((k for k in want if first_difference(got[k], want[k]) is not None), None)
 
 
-def _difference_at(got: dict, wrong: Observation, key: str) -> str | None:
-    if not isinstance(wrong, dict) or key not in wrong:
-        return "no such key"
-    return first_difference(got[key], wrong[key])
+def _shows_all_of(got: Observation, wrong: Observation, want: Observation) -> bool:
+    """Whether ``got`` differs from ``want`` wherever ``wrong`` does, and in the same way."""
+    if not all(isinstance(o, dict) for o in (got, wrong, want)) or not (
+        got.keys() == wrong.keys() == want.keys()
+    ):
+        return False
+    signature = [k for k in want if first_difference(wrong[k], want[k]) is not None]
+    return bool(signature) and all(first_difference(got[k], wrong[k]) is None for k in signature)
+
+
+def _difference_at(observation: Observation, want: Observation, key: str | None) -> str | None:
+    if key is None or not isinstance(observation, dict) or key not in observation:
+        return None
+    return first_difference(observation[key], want[key])
+
+
+def _other_differences(got: Observation, want: Observation, first: str | None) -> list[str]:
+    if first is None:
+        return []
+    return [k for k in want if k != first and first_difference(got[k], want[k]) is not None][:6]
 
 
 def grading_seed() -> int:
