@@ -57,7 +57,7 @@ def _tripwire(err: BaseException) -> str | None:
     return str(err) if isinstance(err, ReferenceCalled) else None
 
 
-set_guard(_guard, _tripwire)
+set_guard(_guard, _tripwire, trusting, trusted_code)
 
 
 def _show(value: Any) -> str:
