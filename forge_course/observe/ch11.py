@@ -255,8 +255,9 @@ def _rank_process(job: dict) -> None:
     torch.set_num_threads(1)  # a tiny model: one thread per rank is plenty
     if job["guard"]:
         importlib.import_module(job["guard"])  # the caller's tripwire: references refuse to run
-        if job.get("trusted"):  # ranks of the reference or of a known mistake: the check's own
-            common._trust().__enter__()
+    trust = common._trust()  # kept until the rank exits: a context left unreferenced would end
+    if job["guard"] and job.get("trusted"):  # ranks of the reference or of a known mistake
+        trust.__enter__()
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
