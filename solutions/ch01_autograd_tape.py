@@ -701,7 +701,8 @@ assert torch.allclose(
 # (its own `forward` and `backward`, and the `apply` it inherits). Build the forward from
 # `amax`, `exp`, `sum` and `log`: calling `torch.logsumexp` (under any of its names) would skip
 # the point of the exercise, so neither `forward` nor `backward` may call it, and the check
-# watches for it. Leave `x` as it is: compute `x - m` as a new tensor, not in place. Make sure
+# watches for it. Leave `x` as it is: compute `x - m` as a new tensor, and write nothing into
+# `x` at any point, in place or through `.data`, not even to put it back afterwards. Make sure
 # the softmax used in backward cannot overflow either: save it from the forward, or compute it
 # from shifted exponents. The hidden tests also run `gradcheck` in `float64`.
 
@@ -821,8 +822,9 @@ plt.show()
 # $0.5 \to 0$, $1.5 \to 2$) and whose backward passes `grad_output` on unchanged, for any
 # shape, dtype and device. The result must stay in the graph, and the gradient must keep
 # flowing past it when `x` is itself the output of earlier operations. Return a new tensor and
-# leave `x` as it was: no in-place change to it, not even through `.data` (the caller still
-# needs its values, and autograd would not see the change). A `torch.autograd.Function` works;
+# leave `x` as it was: no in-place change to it at any point, not even through `.data` and not
+# even to put it back afterwards (the caller still needs its values, and autograd would not see
+# the change). A `torch.autograd.Function` works;
 # so does a one-line trick with `detach()`, if you find it.
 
 

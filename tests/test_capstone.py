@@ -10,6 +10,7 @@ from torch import nn
 from forge_course.doctor import diagnose
 from forge_course.reference import capstone
 from forge_course.reference.checkpoint import latest_checkpoint, load_checkpoint
+from tests.helpers.copied import copied
 
 
 def _body(fn):
@@ -26,7 +27,7 @@ def test_the_production_loop_only_adds_lines_to_the_plain_loop():
 
 def test_both_loops_get_a_clean_report_from_the_doctor():
     assert diagnose(capstone.plain_fit).ok
-    assert diagnose(capstone.fit.__wrapped__).ok
+    assert diagnose(copied(capstone.fit)).ok
 
 
 def _problem():
@@ -41,7 +42,7 @@ def _problem():
 def test_fit_checkpoints_every_k_updates_and_logs_each_epoch(tmp_path: Path):
     model, optimizer, train = _problem()
     records = []
-    capstone.fit.__wrapped__(
+    copied(capstone.fit)(
         model, optimizer, nn.CrossEntropyLoss(), train, train, 3, "cpu",
         folder=tmp_path, every=4, patience=10, log=records.append,
     )  # fmt: skip
@@ -60,7 +61,7 @@ def test_fit_stops_early_when_validation_accuracy_stalls():
     model, _, train = _problem()
     records = []
     frozen = torch.optim.SGD(model.parameters(), lr=0.0)  # accuracy never changes
-    capstone.fit.__wrapped__(
+    copied(capstone.fit)(
         model, frozen, nn.CrossEntropyLoss(), train, train, 10, "cpu", patience=2,
         log=records.append,
     )  # fmt: skip
@@ -77,7 +78,7 @@ def test_smoke_test_returns_the_losses_of_plain_updates():
         fresh.load_state_dict(state)
         return fresh
 
-    losses, passed = capstone.smoke_test.__wrapped__(
+    losses, passed = copied(capstone.smoke_test)(
         make_model, lambda p: torch.optim.SGD(p, lr=0.5), nn.CrossEntropyLoss(), (x, y), steps=5
     )
     expected = []

@@ -68,6 +68,12 @@ ATTACKS = {
         "ref = pkgutil.resolve_name('forge_course.reference.step')\n"
         "got = ref.train_step.__wrapped__(model, optimizer, loss_fn, x, y)")},
         {TRAIN_TEST: "wrong"}),
+    "reference_as_the_answer": ({TRAIN: "from forge_course.reference.step import train_step\n"
+        "train_step = train_step.__wrapped__\n"}, {TRAIN_TEST: "wrong"}),
+    "reference_in_a_thread": ({TRAIN: "import threading, pkgutil\n" + _answer_with(
+        "out = []\nref = lambda: pkgutil.resolve_name('forge_course.reference.step:train_step')\n"
+        "t = threading.Thread(target=lambda: out.append(ref().__wrapped__(model, optimizer, "
+        "loss_fn, x, y)))\nt.start()\nt.join()\ngot = out[0]")}, {TRAIN_TEST: "wrong"}),
     "grader_half": ({TRAIN: "import pkgutil\n" + _answer_with(
         "g = pkgutil.resolve_name('forge_course.grading.ch04')\n"
         "got = g.TRAIN_STEP.reference(model, optimizer, loss_fn, x, y)")}, {TRAIN_TEST: "wrong"}),

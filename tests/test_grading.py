@@ -99,3 +99,68 @@ def test_check_number():
         check_number(True, "q")
     with pytest.raises(Mistake, match="count the first"):
         check_number(2, "q", expected=3, hints={2: "count the first"})
+
+
+# ---------------------------------------------------------------- a hint names a mistake it sees
+
+REFERENCE = {"updates": 3, "loss": 0.5, "weights": [1.0, 2.0]}
+REBUILT_MODEL = {"updates": 0, "loss": 0.9, "weights": [0.0, 0.0]}  # a mistake's observation
+
+
+def test_one_shared_symptom_does_not_name_a_mistake():
+    # No updates, like the rebuilt model, but the loss and weights say something else happened.
+    got = {"updates": 0, "loss": 0.5, "weights": [1.0, 2.0]}
+    with pytest.raises(Mistake) as caught:
+        explain("ex", got, REFERENCE, known_mistakes=[("rebuilt", lambda: REBUILT_MODEL)],
+                hint="the spec")  # fmt: skip
+    assert "rebuilt" not in str(caught.value)
+    assert "updates should be 3, but it is 0" in str(caught.value)
+
+
+def test_every_part_of_a_mistake_seen_names_it_even_beside_another_slip():
+    got = {**REBUILT_MODEL, "extra": 1}
+    reference, mistake = {**REFERENCE, "extra": 0}, {**REBUILT_MODEL, "extra": 0}
+    with pytest.raises(Mistake, match="Likely mistake: rebuilt; something else differs too"):
+        explain("ex", got, reference, known_mistakes=[("rebuilt", lambda: mistake)])
+
+
+def test_without_a_matching_mistake_every_difference_is_listed():
+    got = {"updates": 2, "loss": 0.7, "weights": [1.0, 2.0]}
+    with pytest.raises(Mistake, match=r"(?s)updates should be 3.*Also different: loss\."):
+        explain("ex", got, REFERENCE, known_mistakes=[("rebuilt", lambda: REBUILT_MODEL)])
+
+
+# ---------------------------------------------------------------- a check ends in a message
+
+
+def _exercise(observe):
+    from forge_course.grading.core import Exercise
+
+    return Exercise(grade_id="ex", function="f", reference=lambda: 1.0,
+                    cases=lambda thorough: [{"n": 1}], observe=observe)  # fmt: skip
+
+
+def observe_then_backward(fn, case):
+    out = call_answer("ex", "f", fn, torch.ones(2, requires_grad=True))
+    out.sum().backward()  # fails where the answer left grad mode off
+    return {"value": float(out.sum())}
+
+
+def test_a_check_that_fails_on_what_the_answer_left_ends_in_a_message_and_puts_it_back():
+    def leaves_grad_off(x):
+        torch.set_grad_enabled(False)
+        return x * 2
+
+    with pytest.raises(Mistake, match=r"(?s)could not observe.*left grad mode on → off"):
+        _exercise(observe_then_backward).check(leaves_grad_off)
+    assert torch.is_grad_enabled()
+
+
+def test_a_check_that_cannot_compare_what_came_back_ends_in_a_message():
+    class Strange:
+        def __eq__(self, other):
+            raise RuntimeError("no comparing me")
+
+    exercise = _exercise(lambda fn, case: {"value": Strange()})
+    with pytest.raises(Mistake, match="could not compare what your answer produced"):
+        exercise.check(lambda: None)

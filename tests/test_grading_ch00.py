@@ -10,6 +10,7 @@ import pytest
 from forge_course.grading import Mistake, ch00
 from forge_course.reference import arithmetic, schedule
 from tests.answers import ch00 as answers
+from tests.helpers.copied import copied
 
 SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "ch00_training_arithmetic.py"
 
@@ -60,7 +61,7 @@ def numpy_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_last=
 
 @pytest.mark.parametrize(
     "answer",
-    [arithmetic.training_arithmetic.__wrapped__, loop_counting_arithmetic, numpy_arithmetic],
+    [copied(arithmetic.training_arithmetic), loop_counting_arithmetic, numpy_arithmetic],
 )
 def test_training_arithmetic_accepts_correct_answers_in_any_style(answer):
     ch00.check_training_arithmetic(answer, thorough=True)
@@ -77,7 +78,7 @@ def test_training_arithmetic_names_each_known_mistake(message, wrong):
 
 def test_float_counts_are_not_whole_numbers():
     def floats(*args):
-        return {k: float(v) for k, v in arithmetic.training_arithmetic.__wrapped__(*args).items()}
+        return {k: float(v) for k, v in copied(arithmetic.training_arithmetic)(*args).items()}
 
     with pytest.raises(Mistake, match=r"iters_per_epoch should be an int \(313\), but it is a"):
         ch00.check_training_arithmetic(floats)
@@ -85,7 +86,7 @@ def test_float_counts_are_not_whole_numbers():
 
 def test_a_missing_key_and_a_wrong_type_are_reported():
     def no_effective(*args):
-        out = arithmetic.training_arithmetic.__wrapped__(*args)
+        out = copied(arithmetic.training_arithmetic)(*args)
         del out["effective_batch_size"]
         return out
 
@@ -159,7 +160,7 @@ def numpy_schedule(dataset_size, batch_size, accum_steps, drop_last=False):
 @pytest.mark.parametrize(
     "answer",
     [
-        schedule.update_schedule.__wrapped__,
+        copied(schedule.update_schedule),
         comprehension_schedule,
         generator_schedule,
         numpy_schedule,

@@ -9,6 +9,7 @@ from forge_course.grading import Mistake, ch01
 from forge_course.grading.core import explain
 from forge_course.reference import autograd_tape as ref
 from tests.answers import ch01 as answers
+from tests.helpers.copied import copied
 
 
 def defined(source: str, name: str):
@@ -26,9 +27,9 @@ def unanswered(*args, **kwargs):
 
 
 @pytest.mark.parametrize("answer", [
-    ref.graph_nodes.__wrapped__,
+    copied(ref.graph_nodes),
     defined(answers.GRAPH_WALK_LIST_AS_QUEUE, "graph_nodes"),
-    lambda t: tuple(ref.graph_nodes.__wrapped__(t)),  # a tuple is accepted for a list
+    lambda t: tuple(copied(ref.graph_nodes)(t)),  # a tuple is accepted for a list
 ])  # fmt: skip
 def test_graph_walk_accepts_correct_answers_in_any_style(answer):
     ch01.check_graph_walk(answer, thorough=True)
@@ -89,7 +90,7 @@ class ExpMinusLse(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("answer", [
-    ch01._ReferenceLogSumExp,
+    copied(ref.LogSumExp),
     defined(answers.LOGSUMEXP_SOFTMAX_AND_MAX, "LogSumExp"),
     ExpMinusLse,
 ])  # fmt: skip
@@ -111,6 +112,7 @@ def test_logsumexp_names_each_known_mistake(message, wrong):
     (answers.LOGSUMEXP_NAIVE, "Subtract the maximum m before `exp`"),
     (answers.LOGSUMEXP_IGNORES_UPSTREAM, "`backward` ignores `grad_output`"),
     (answers.LOGSUMEXP_NO_UNSQUEEZE, "grad_output.unsqueeze(dim)"),
+    (answers.LOGSUMEXP_DATA_AND_BACK, "writes into `x` (through `.data`, or in place)"),
 ])  # fmt: skip
 def test_logsumexp_wrong_answers_fail_the_visible_tests_with_their_message(source, phrase):
     with pytest.raises(Mistake) as caught:
@@ -133,7 +135,7 @@ def test_logsumexp_square_batch_catches_the_missing_unsqueeze_silently_broadcast
         explain(
             "ch01_logsumexp",
             got,
-            ch01.observe_logsumexp(ch01._ReferenceLogSumExp, case),
+            ch01.observe_logsumexp(copied(ref.LogSumExp), case),
             known_mistakes=[
                 (m, lambda w=w: ch01.observe_logsumexp(w, case)) for m, w in ch01.LOGSUMEXP_MISTAKES
             ],
@@ -178,7 +180,9 @@ class AppliesTorchLogSumExp(torch.autograd.Function):
     ids=["a class whose apply is torch.logsumexp", "apply overridden"],
 )
 def test_logsumexp_must_be_a_function_of_ones_own(answer):
-    with pytest.raises(Mistake, match="should run a `torch.autograd.Function` of your own"):
+    # A Function whose apply is torch.logsumexp is named for what it runs: torch's own.
+    phrase = "should run a `torch.autograd.Function` of your own|does the work the exercise asks"
+    with pytest.raises(Mistake, match=phrase):
         ch01.check_logsumexp(answer)
 
 
@@ -247,7 +251,7 @@ def test_logsumexp_must_leave_the_logits_alone():
 
 def test_logsumexp_thorough_runs_gradcheck_in_float64_only():
     cases = ch01.logsumexp_cases(thorough=True)
-    seen = [ch01.observe_logsumexp(ch01._ReferenceLogSumExp, c) for c in cases]
+    seen = [ch01.observe_logsumexp(copied(ref.LogSumExp), c) for c in cases]
     for case, obs in zip(cases, seen):
         has_gradcheck = case["dtype"] == "float64" and "shape" in case
         assert ("passes gradcheck" in obs) == has_gradcheck
@@ -260,7 +264,7 @@ def test_logsumexp_thorough_runs_gradcheck_in_float64_only():
 
 
 @pytest.mark.parametrize("answer", [
-    ch01._ReferenceRoundSTE.apply,
+    copied(ref.RoundSTE).apply,
     defined(answers.STE_DETACH_TRICK, "round_ste"),
     lambda x: torch.round(x).detach() + x - x.detach(),
 ])  # fmt: skip
@@ -333,14 +337,10 @@ def test_calling_the_reference_does_not_score():
 def test_observations_are_plain_data():
     plain = (str, bool, int, float, list, torch.Tensor, type(None))
     case = ch01.graph_walk_cases()[0]
-    assert all(
-        isinstance(v, str) for v in ch01.observe_graph_walk(ref.graph_nodes.__wrapped__, case)
-    )
+    assert all(isinstance(v, str) for v in ch01.observe_graph_walk(copied(ref.graph_nodes), case))
     for obs in (
-        ch01.observe_logsumexp(ch01._ReferenceLogSumExp, ch01.logsumexp_cases()[1]),
-        ch01.observe_straight_through(
-            ch01._ReferenceRoundSTE.apply, ch01.straight_through_cases()[0]
-        ),
+        ch01.observe_logsumexp(copied(ref.LogSumExp), ch01.logsumexp_cases()[1]),
+        ch01.observe_straight_through(copied(ref.RoundSTE).apply, ch01.straight_through_cases()[0]),
     ):
         assert all(isinstance(v, plain) for v in obs.values())
         assert all(v.grad_fn is None for v in obs.values() if isinstance(v, torch.Tensor))
@@ -350,7 +350,7 @@ def test_observations_are_plain_data():
 def test_the_reference_passes_through_the_graders_codec(exercise):
     # What a grading worker sends back is plain data; judged in the grader's process, it passes.
     for case in exercise.cases(False) + exercise.cases(True):
-        sent = codec.dumps(exercise.observe(exercise.reference, case))
+        sent = codec.dumps(exercise.expected(case))
         exercise.judge(case, codec.loads(sent))
 
 
@@ -361,3 +361,19 @@ def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
         monkeypatch.setenv("FORGE_GRADING_SEED", "2")
         assert cases(thorough=True) != first
         assert cases(thorough=False) == cases(thorough=False)
+
+
+def test_straight_through_refuses_writing_into_x_even_when_it_is_put_back():
+    # x.data = ... swaps x's memory rather than writing into it: caught by x's values instead.
+    with pytest.raises(Mistake, match="writes into the caller's `x`|x after the call"):
+        ch01.check_straight_through(defined(answers.STE_DATA_AND_BACK, "round_ste"))
+
+    def rounds_and_restores(x):
+        saved = x.detach().clone()
+        x.data.round_()
+        out = x + 0
+        x.data.copy_(saved)
+        return out
+
+    with pytest.raises(Mistake, match="writes into the caller's `x`"):
+        ch01.check_straight_through(rounds_and_restores)

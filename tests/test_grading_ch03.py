@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import sys
 from collections import Counter
 
 import numpy as np
@@ -15,7 +17,9 @@ from forge_course.grader.assignment import INSTALL_TAG
 from forge_course.grading import Mistake, ch03
 from forge_course.reference import sampling
 from forge_course.release import source_notebook
+from tests.answers import ch03 as answers
 from tests.conftest import REPO
+from tests.helpers.copied import copied
 
 CHAPTER = REPO / "solutions" / "ch03_samplers_collation.py"
 
@@ -107,7 +111,7 @@ def tensor_shards(dataset_size, rank, world_size, shuffle=True, seed=0, epoch=0,
     return order[positions % max(dataset_size, 1)]  # no positions at all when N = 0
 
 
-@pytest.mark.parametrize("answer", [sampling.shard_indices.__wrapped__, loop_shards, tensor_shards])
+@pytest.mark.parametrize("answer", [copied(sampling.shard_indices), loop_shards, tensor_shards])
 def test_shard_indices_accepts_correct_answers_in_any_style(answer, monkeypatch):
     for seed in ("1", "2"):
         monkeypatch.setenv("FORGE_GRADING_SEED", seed)
@@ -164,7 +168,7 @@ def test_an_answer_that_lifts_the_bar_on_the_sampler_is_not_graded():
 
 def test_shard_indices_results_may_be_tuples_arrays_or_tensors():
     for convert in (tuple, np.array, torch.tensor):
-        ch03.check_shard_indices(lambda *a, c=convert: c(sampling.shard_indices.__wrapped__(*a)))
+        ch03.check_shard_indices(lambda *a, c=convert: c(copied(sampling.shard_indices)(*a)))
 
 
 def test_shard_cases_include_the_edges_and_change_with_the_seed(monkeypatch):
@@ -206,10 +210,38 @@ def pad_sequence_collate(batch, pad_value=0):
 
 
 @pytest.mark.parametrize(
-    "answer", [sampling.pad_collate.__wrapped__, loop_collate, pad_sequence_collate]
+    "answer", [copied(sampling.pad_collate), loop_collate, pad_sequence_collate]
 )
 def test_pad_collate_accepts_correct_answers_in_any_style(answer):
     ch03.check_pad_collate(answer, thorough=True)
+
+
+def _defined(source, name):
+    namespace = {"torch": torch}
+    exec(source, namespace)
+    return namespace[name]
+
+
+@pytest.mark.parametrize("source", [answers.COLLATE_WARNS, answers.COLLATE_PAD_SEQUENCE])
+def test_pad_collate_answers_that_warn_pass_with_nothing_on_stderr(source, capfd):
+    # nbgrader gives 0 to a test cell that writes to stderr: warnings become notes on stdout.
+    ch03.check_pad_collate(_defined(source, "pad_collate"), thorough=True)
+    out, err = capfd.readouterr()
+    assert err == ""
+    if source is answers.COLLATE_WARNS:
+        assert "Note: `pad_collate` warned: UserWarning" in out
+
+
+def test_whatever_an_answer_writes_to_stderr_becomes_a_note(capfd):
+    def noisy(batch, pad_value=0):
+        print("printed to sys.stderr", file=sys.stderr)
+        os.write(2, b"written to file descriptor 2\n")
+        return pad_sequence_collate(batch, pad_value)
+
+    ch03.check_pad_collate(noisy)
+    out, err = capfd.readouterr()
+    assert err == ""
+    assert "printed to sys.stderr" in out and "written to file descriptor 2" in out
 
 
 @pytest.mark.parametrize(
@@ -234,7 +266,7 @@ def test_pad_collate_labels_are_int64_as_the_exercise_says():
 
 def test_pad_collate_returning_a_tuple_is_told_to_return_a_dict():
     def as_tuple(batch, pad_value=0):
-        out = sampling.pad_collate.__wrapped__(batch, pad_value)
+        out = copied(sampling.pad_collate)(batch, pad_value)
         return out["input_ids"], out["attention_mask"], out["labels"]
 
     with pytest.raises(Mistake, match="should be a dict"):
@@ -245,7 +277,7 @@ def test_pad_collate_that_crashes_on_empty_sequences_names_the_case():
     def no_empty(batch, pad_value=0):
         if any(len(s) == 0 for s, _ in batch):
             raise RuntimeError("cannot pad an empty sequence")
-        return sampling.pad_collate.__wrapped__(batch, pad_value)
+        return copied(sampling.pad_collate)(batch, pad_value)
 
     ch03.check_pad_collate(no_empty)
     with pytest.raises(Mistake, match=r"raised RuntimeError \(empty sequences"):

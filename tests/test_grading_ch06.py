@@ -5,6 +5,7 @@ import torch
 
 from forge_course.grading import Mistake, ch06
 from forge_course.reference import evaluation
+from tests.helpers.copied import copied
 
 
 def evaluate_with_a_dict_of_modes(model, loader, loss_fn, device):
@@ -40,11 +41,11 @@ def evaluate_all_at_once(model, loader, loss_fn, device):
 
 
 def evaluate_ignoring_loss_fn(model, loader, loss_fn, device):
-    return evaluation.evaluate.__wrapped__(model, loader, torch.nn.functional.cross_entropy, device)
+    return copied(evaluation.evaluate)(model, loader, torch.nn.functional.cross_entropy, device)
 
 
 @pytest.mark.parametrize(
-    "answer", [evaluation.evaluate.__wrapped__, evaluate_with_a_dict_of_modes, evaluate_all_at_once]
+    "answer", [copied(evaluation.evaluate), evaluate_with_a_dict_of_modes, evaluate_all_at_once]
 )
 def test_evaluate_accepts_correct_answers_in_any_style(answer):
     ch06.check_evaluate(answer, thorough=True)
@@ -95,9 +96,7 @@ def predict_as_a_decorated_function(model, x):
             m.training = training
 
 
-@pytest.mark.parametrize(
-    "answer", [evaluation.predict.__wrapped__, predict_as_a_decorated_function]
-)
+@pytest.mark.parametrize("answer", [copied(evaluation.predict), predict_as_a_decorated_function])
 def test_predict_accepts_correct_answers_in_any_style(answer):
     ch06.check_predict(answer, thorough=True)
 
@@ -135,8 +134,8 @@ def test_checks_leave_the_callers_random_state_alone():
     torch.manual_seed(5)
     expected = torch.rand(4)
     torch.manual_seed(5)
-    ch06.check_evaluate(evaluation.evaluate.__wrapped__)
-    ch06.check_predict(evaluation.predict.__wrapped__)
+    ch06.check_evaluate(copied(evaluation.evaluate))
+    ch06.check_predict(copied(evaluation.predict))
     assert torch.equal(torch.rand(4), expected)
 
 
@@ -313,7 +312,7 @@ def test_evaluate_must_use_loss_fn_whatever_loss_it_is():
         cross_entropy = lambda out, y: torch.nn.functional.cross_entropy(
             out, y, label_smoothing=smoothing
         )
-        return evaluation.evaluate.__wrapped__(model, loader, cross_entropy, device)
+        return copied(evaluation.evaluate)(model, loader, cross_entropy, device)
 
     ch06.check_evaluate(assumes_cross_entropy)
     with pytest.raises(Mistake, match="the mean loss should be .*MultiMarginLoss"):
@@ -322,7 +321,7 @@ def test_evaluate_must_use_loss_fn_whatever_loss_it_is():
 
 def test_predict_must_return_the_classes_on_the_models_device():
     def classes_on_the_cpu(model, x):
-        return evaluation.predict.__wrapped__(model, x).cpu()
+        return copied(evaluation.predict)(model, x).cpu()
 
     with pytest.raises(Mistake, match="read values off the model's device.*without `.cpu\\(\\)`"):
         ch06.check_predict(classes_on_the_cpu)

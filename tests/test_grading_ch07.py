@@ -11,6 +11,7 @@ from forge_course.grading import Mistake, ch07
 from forge_course.reference import detectors
 from tests.answers import ch07 as answers
 from tests.conftest import REPO
+from tests.helpers.copied import copied
 from tests.test_grading_ch08 import (
     NEVER_IN_A_WORKER,
     forbidden_imports,
@@ -64,7 +65,7 @@ def numpy_grad_norm(model):
 GRAD_NORMS = [loop_grad_norm, flat_grad_norm, clip_grad_norm, numpy_grad_norm]
 
 
-@pytest.mark.parametrize("answer", [*GRAD_NORMS, detectors.grad_norm.__wrapped__])
+@pytest.mark.parametrize("answer", [*GRAD_NORMS, copied(detectors.grad_norm)])
 def test_grad_norm_accepts_correct_answers_in_any_style(answer):
     ch07.check_grad_norm(answer, thorough=True)
 
@@ -139,7 +140,7 @@ def comprehension_graph_leaks(obj):
 
 
 @pytest.mark.parametrize(
-    "answer", [stack_graph_leaks, comprehension_graph_leaks, detectors.graph_leaks.__wrapped__]
+    "answer", [stack_graph_leaks, comprehension_graph_leaks, copied(detectors.graph_leaks)]
 )
 def test_leak_check_accepts_correct_answers_in_any_style(answer):
     ch07.check_leak_check(answer, thorough=True)

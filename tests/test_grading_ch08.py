@@ -19,6 +19,7 @@ from forge_course.reference import training
 from forge_course.release import source_notebook
 from tests.answers import ch08 as answers
 from tests.conftest import REPO
+from tests.helpers.copied import copied
 
 CHAPTER = REPO / "solutions" / "ch08_training_arena.py"
 #: What a settings cell may import: the grading worker holds nothing else of forge_course.
@@ -112,7 +113,7 @@ def test_the_observer_imports_nothing_a_grading_worker_does_not_hold():
 @pytest.mark.parametrize(
     "answer",
     [
-        training.fit.__wrapped__,
+        copied(training.fit),
         ch08.flawed_fit(),
         _define(answers._FIT, "fit"),
         _define(answers.FIT_OTHER_STYLE, "fit"),
@@ -222,7 +223,7 @@ def test_what_differs_says_from_which_step_and_epoch():
 
 def _returning(history_of):
     def fit(config, device="cpu"):
-        return history_of(training.fit.__wrapped__(config, device), config)
+        return history_of(copied(training.fit)(config, device), config)
 
     return fit
 
@@ -277,7 +278,7 @@ def test_calling_the_reference_or_the_simulator_does_not_score():
 def test_observations_survive_the_trip_to_an_isolated_grader():
     """The grader observes in a worker, sends plain JSON, and judges in its own process."""
     for exercise, answer in (
-        (ch08.FIT, training.fit.__wrapped__),
+        (ch08.FIT, copied(training.fit)),
         (ch08.ARENA_CONFIG, _define(answers.ARENA_ADAMW, "make_arena_config")),
     ):
         for case in exercise.cases(False) + exercise.cases(True):

@@ -21,9 +21,11 @@ import torch
 from forge_course.grading import Mistake, ch09
 from forge_course.observe import ch09 as observe_ch09
 from forge_course.reference import checkpoint as ref_checkpoint
+from forge_course.reference import seeding
+from tests.helpers.copied import copied
 
-SPEC_SAVE = ch09.spec_save_checkpoint.__wrapped__
-SPEC_LOAD = ch09.spec_load_checkpoint.__wrapped__
+SPEC_SAVE = copied(ch09.spec_save_checkpoint)
+SPEC_LOAD = copied(ch09.spec_load_checkpoint)
 
 
 def save_with_tempfile(path, model, optimizer, scheduler, step):
@@ -262,7 +264,7 @@ def test_observations_survive_the_trip_from_a_grading_worker():
     for exercise, fn in ((ch09.CHECKPOINT_SAVE, SPEC_SAVE), (ch09.CHECKPOINT_LOAD, SPEC_LOAD)):
         exercise.judge(case, loads(dumps(exercise.observe(fn, case))))
     case = ch09.early_stopping_cases()[0]
-    seen = ch09.EARLY_STOPPING.observe(ch09._reference_stopper, case)
+    seen = ch09.EARLY_STOPPING.observe(copied(seeding.EarlyStopping), case)
     ch09.EARLY_STOPPING.judge(case, loads(dumps(seen)))
 
 
@@ -287,7 +289,7 @@ class CountingStopper:
         return self.num_bad_epochs >= self.patience
 
 
-@pytest.mark.parametrize("answer", [ch09._reference_stopper, CountingStopper])
+@pytest.mark.parametrize("answer", [copied(seeding.EarlyStopping), CountingStopper])
 def test_early_stopping_accepts_correct_answers(answer):
     ch09.check_early_stopping(answer, thorough=True)
 

@@ -6,6 +6,7 @@ from torch.utils.checkpoint import checkpoint
 
 from forge_course.grading import Mistake, ch10
 from forge_course.reference import accumulation, amp, checkpointing
+from tests.helpers.copied import copied
 
 
 def one_backward_accumulate(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
@@ -24,9 +25,7 @@ def one_backward_accumulate(model, optimizer, loss_fn, micro_batches, max_grad_n
     return mean
 
 
-@pytest.mark.parametrize(
-    "answer", [accumulation.accumulate_step.__wrapped__, one_backward_accumulate]
-)
+@pytest.mark.parametrize("answer", [copied(accumulation.accumulate_step), one_backward_accumulate])
 def test_accumulate_accepts_correct_answers(answer):
     ch10.check_accumulate_step(answer, thorough=True)
 
@@ -54,7 +53,7 @@ def amp_with_defaults(model, optimizer, loss_fn, x, y, scaler=None):
     return float(loss.detach())
 
 
-@pytest.mark.parametrize("answer", [amp.amp_train_step.__wrapped__, amp_with_defaults])
+@pytest.mark.parametrize("answer", [copied(amp.amp_train_step), amp_with_defaults])
 def test_amp_accepts_correct_answers(answer):
     ch10.check_amp_step(answer, thorough=True)
 
@@ -69,7 +68,7 @@ def test_amp_names_each_known_mistake(message, wrong):
 def test_amp_without_scaler_update_fails_with_torchs_own_words():
     def no_update(model, optimizer, loss_fn, x, y, scaler=None):
         optimizer.zero_grad()
-        with torch.autocast(x.device.type, dtype=amp.autocast_dtype.__wrapped__(x.device)):
+        with torch.autocast(x.device.type, dtype=copied(amp.autocast_dtype)(x.device)):
             loss = loss_fn(model(x), y)
         if scaler is None:
             loss.backward()
@@ -95,7 +94,7 @@ def generic_checkpointed(layers, x, segments):
 
 
 @pytest.mark.parametrize(
-    "answer", [checkpointing.checkpointed_forward.__wrapped__, generic_checkpointed]
+    "answer", [copied(checkpointing.checkpointed_forward), generic_checkpointed]
 )
 def test_checkpointed_forward_accepts_correct_answers(answer):
     ch10.check_checkpointed_forward(answer, thorough=True)

@@ -19,6 +19,7 @@ from forge_course.reference.ddp import GLOBAL_BATCH, SEED, make_dataset, make_mo
 from forge_course.release import source_notebook
 from tests.answers import ch11 as answers
 from tests.conftest import REPO
+from tests.helpers.copied import copied
 
 CHAPTER = REPO / "solutions" / "ch11_distributed.py"
 
@@ -78,7 +79,7 @@ def remainder_last_ring(buffers):
 
 def sum_in_other_order(buffers):
     # The right sends, but each worker sums everything itself: bits differ from the ring's.
-    _, sends = collectives.ring_allreduce.__wrapped__(buffers)
+    _, sends = copied(collectives.ring_allreduce)(buffers)
     return [[sum(reversed(col)) for col in zip(*buffers)] for _ in buffers], sends
 
 
@@ -285,7 +286,7 @@ def joins_a_bigger_group(rank, world_size, port, out_dir):
 def rank_one_raises(rank, world_size, port, out_dir):
     if rank == 1:
         raise ValueError("rank one gives up")
-    collectives.ddp_rank_worker.__wrapped__(rank, world_size, port, out_dir)
+    copied(collectives.ddp_rank_worker)(rank, world_size, port, out_dir)
 
 
 @pytest.mark.slow

@@ -31,6 +31,9 @@ class Assignment:
     question_tests: dict[str, str] = field(default_factory=dict)  # graded cell id -> its code
     question_cells: dict[str, list[str]] = field(default_factory=dict)  # cell id -> names
     release: nbformat.NotebookNode | None = None
+    # The set-up cell and then every import of the chapter's other cells, each allowed to fail:
+    # what a question cell runs after (a learner may use `math` imported by a later demo cell).
+    question_prelude: str = ""
     _settings: dict | None = field(default=None, repr=False)
 
     def settings(self) -> dict:
@@ -74,14 +77,12 @@ def load(assignment_id: str, source: Path, release: Path | None = None) -> Assig
         exercises.setdefault(exercise.grade_id, []).append(exercise)
     code = [c for c in nb.cells if c.cell_type == "code"]
     # The set-up cell: the first plain code cell, past the Colab install cell if there is one.
-    prelude = next(
-        (
-            c.source
-            for c in code
-            if "nbgrader" not in c.metadata and INSTALL_TAG not in c.metadata.get("tags", [])
-        ),
-        "",
-    )
+    instructor = [
+        c.source
+        for c in code
+        if "nbgrader" not in c.metadata and INSTALL_TAG not in c.metadata.get("tags", [])
+    ]
+    prelude = instructor[0] if instructor else ""
     points, question_tests, question_cells = {}, {}, {}
     for cell in code:
         meta = cell.metadata.get("nbgrader", {})
@@ -97,8 +98,25 @@ def load(assignment_id: str, source: Path, release: Path | None = None) -> Assig
             question_tests[grade_id] = cell.source
     released = nbformat.read(release, as_version=4) if release and release.exists() else None
     return Assignment(
-        assignment_id, prelude, exercises, points, question_tests, question_cells, released
-    )
+        assignment_id, prelude, exercises, points, question_tests, question_cells, released,
+        question_prelude=prelude + _imports_of(instructor[1:]),
+    )  # fmt: skip
+
+
+def _imports_of(sources: list[str]) -> str:
+    """Each top-level import of ``sources``, as code that skips an import the sandbox lacks."""
+    found: dict[str, None] = {}
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # a cell of IPython magics, say: it imports nothing we can see
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+                isinstance(node, ast.ImportFrom) and node.module == "__future__"
+            ):
+                found[ast.unparse(node)] = None
+    return "".join(f"\ntry:\n    {line}\nexcept ImportError:\n    pass" for line in found)
 
 
 _RENAMES = [

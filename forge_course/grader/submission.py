@@ -261,7 +261,8 @@ def _question_values(assignment, answer, names, box, seed) -> tuple[str, str, di
     reasons = tamper.findings(answer)
     if reasons:
         return "tampered", "Not graded: your answer " + "; ".join(reasons), {}
-    job = {"prelude": assignment.prelude, "answer": answer, "variables": names, "seed": seed}
+    prelude = assignment.question_prelude or assignment.prelude
+    job = {"prelude": prelude, "answer": answer, "variables": names, "seed": seed}
     reading = _Reading(box.run(job), 0)
     if reading.tampered:
         return "tampered", _tamper_message(reading.tampered), {}
@@ -272,10 +273,20 @@ def _question_values(assignment, answer, names, box, seed) -> tuple[str, str, di
     sent = reading.variables
     if sent is None:
         return "crashed", "The worker sent no answers back.", {}
+    # Where the cell raised, the answers it set before still count, as in the notebook; the
+    # error is added to the message of any question that fails.
+    raised = _CELL_RAISED.format(reading.ran["error"]) if "error" in reading.ran else ""
     try:
-        return "finished", "", {n: codec.from_plain(sent.get(n)) for n in names}
+        return "finished", raised, {n: codec.from_plain(sent.get(n)) for n in names}
     except ValueError as err:
         return "wrong", f"Your answers are unreadable: {err}", {}
+
+
+_CELL_RAISED = (
+    "\n(Your answer cell itself raised {}. In the grader it runs after the chapter's settings "
+    "cell and the chapter's imports, without the other cells' variables: compute each answer "
+    "within the cell.)"
+)
 
 
 def _names_used(source: str) -> set[str]:
@@ -298,6 +309,7 @@ def _grade_questions(assignment, answers, box, seed) -> dict[str, CellResult]:
             results[test] = CellResult(failed[0], 0.0, top, clean_text(failed[1]))
             continue
         values = {k: v for _, _, found in mine for k, v in found.items()}
+        raised = "".join(dict.fromkeys(o[1] for o in mine))
         # The instructor's test code runs here, after the instructor's set-up cell, on plain
         # values only: it never sees learner code.
         try:
@@ -305,10 +317,10 @@ def _grade_questions(assignment, answers, box, seed) -> dict[str, CellResult]:
                 scope = {**assignment.settings(), **values}
                 exec(compile(code, f"<{test}>", "exec"), scope)
         except Mistake as mistake:
-            results[test] = CellResult("wrong", 0.0, top, clean_text(mistake))
+            results[test] = CellResult("wrong", 0.0, top, clean_text(f"{mistake}{raised}"))
         except Exception as err:  # noqa: BLE001
             results[test] = CellResult(
-                "wrong", 0.0, top, clean_text(f"[{test}] {type(err).__name__}: {err}")
+                "wrong", 0.0, top, clean_text(f"[{test}] {type(err).__name__}: {err}{raised}")
             )
         else:
             results[test] = CellResult("graded", top, top, "")

@@ -294,6 +294,14 @@ def _forward_shifts_x(ctx, x, dim):
     return _saving(ctx, x, dim, (m + x.exp().sum(dim, keepdim=True).log()).squeeze(dim))
 
 
+def _forward_shifts_x_and_back(ctx, x, dim):
+    m = x.amax(dim=dim, keepdim=True)
+    x.data.sub_(m)  # shifted in place through .data, then shifted back: no trace left
+    out = (m + x.exp().sum(dim, keepdim=True).log()).squeeze(dim)
+    x.data.add_(m)
+    return _saving(ctx, x, dim, out)
+
+
 def _forward_naive(ctx, x, dim):
     return _saving(ctx, x, dim, x.exp().sum(dim).log())
 
@@ -354,6 +362,13 @@ LOGSUMEXP_MISTAKES = [
         "`forward` changes `x` in place (`x -= m`, `x.sub_(m)`, or through `.data`), so the "
         "caller's logits are no longer what they were. Compute `x - m` as a new tensor.",
         _lse_function(_forward_shifts_x, _backward_softmax),
+    ),
+    (
+        "`forward` writes into `x` (through `.data`, or in place) and puts it back afterwards. "
+        "The caller's logits may be read meanwhile (another thread, a hook, a view of them), "
+        "and autograd never sees a write through `.data`: compute `x - m` as a new tensor and "
+        "leave `x` alone.",
+        _lse_function(_forward_shifts_x_and_back, _backward_softmax),
     ),
     (
         "`exp` overflows: exp(1000) is inf even in float64 (and exp(−1000) is 0, whose log is "
@@ -543,6 +558,14 @@ def _rounds_x_in_place(x):
     return x
 
 
+def _rounds_x_and_back(x):
+    saved = x.detach().clone()
+    x.data.round_()  # rounded in place through .data, used, then put back
+    out = x + 0
+    x.data.copy_(saved)
+    return out
+
+
 STRAIGHT_THROUGH_MISTAKES = [
     (
         "the gradient is all zeros: that is `round`'s own derivative, flat between integers. "
@@ -579,6 +602,12 @@ STRAIGHT_THROUGH_MISTAKES = [
         "gradient look right, but the caller's tensor has changed, and autograd never saw it. "
         "Leave `x` as it is and return a new tensor: `x + (torch.round(x) - x).detach()`.",
         _rounds_x_in_place,
+    ),
+    (
+        "`round_ste` writes into the caller's `x` (through `.data`) and puts it back: while it "
+        "runs `x` is not what the caller made, and autograd never sees the write. Leave `x` "
+        "alone and build the result as a new tensor: `x + (torch.round(x) - x).detach()`.",
+        _rounds_x_and_back,
     ),
 ]
 

@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
 from forge_course.data import UNK_ID, encode, load_reviews, reviews_csv_path
 from forge_course.grading import core
@@ -94,11 +94,21 @@ def _label(case: dict) -> str:
     return f"{where}, vocabulary of {words} with min_count={case['min_count']}"
 
 
-class _Reviews(ref.ReviewsDataset):
-    """The reference, built without its guard: what checks compare with, and the base of the
-    known wrong datasets below (each reads the file the way a first attempt often does)."""
+class _Reviews(Dataset):
+    """A right dataset, the base of the known wrong ones below (each reads the file the way a
+    first attempt often does). Not the reference: a class built on the reference's methods
+    trips the guard wherever it runs as an answer, and the tests run these as answers."""
 
-    __init__ = ref.ReviewsDataset.__init__.__wrapped__
+    def __init__(self, path, vocabulary):
+        rows = ref._read_rows(path)
+        self.token_ids = [encode(row["text"], vocabulary) for row in rows]
+        self.labels = [torch.tensor(int(row["label"])) for row in rows]
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        return self.token_ids[index], self.labels[index]
 
 
 class _SplitOnCommas(_Reviews):
@@ -242,7 +252,7 @@ def _prepare_csv_dataset(observation, target, case: dict):
 CSV_DATASET = Exercise(
     grade_id=CSV_ID,
     function="ReviewsDataset",
-    reference=_Reviews,
+    reference=ref.ReviewsDataset,
     cases=csv_dataset_cases,
     observe=observe_csv_dataset,
     label=_label,

@@ -15,13 +15,16 @@ grader (which runs the learner's half in an isolated worker):
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import random
+import sys
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, redirect_stderr
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,22 +33,31 @@ import torch
 from forge_course.device import tolerance
 from forge_course.observe.common import INSTRUMENT_TAMPERED, Mistake, Tampered, set_guard
 from forge_course.observe.common import call_answer as call_answer  # re-exported for the checks
-from forge_course.reference.guard import ReferenceCalled, is_reference, learner_code
+from forge_course.reference.guard import (
+    ReferenceCalled,
+    is_reference,
+    learner_code,
+    new_check,
+    refusal,
+    trusted_code,
+    trusting,
+)
 
 Observation = Any
 KnownMistake = tuple[str, Callable[[], Observation]]
 
 
 def _guard(fn: Callable):
-    # The reference itself (observed to get the expected result) may call other references.
-    return nullcontext() if is_reference(fn) else learner_code()
+    # The reference and the known mistakes run as the check's own code (`Exercise._observed`
+    # marks its thread), as does a copy of the reference in another process (ch11's ranks).
+    return nullcontext() if trusting() or is_reference(fn) else learner_code()
 
 
 def _tripwire(err: BaseException) -> str | None:
     return str(err) if isinstance(err, ReferenceCalled) else None
 
 
-set_guard(_guard, _tripwire)
+set_guard(_guard, _tripwire, trusting, trusted_code)
 
 
 def _show(value: Any) -> str:
@@ -187,15 +199,26 @@ def explain(
             wrongs.append((message, observe_wrong()))
         except Exception:  # noqa: BLE001  (a wrong implementation that fails explains nothing)
             continue
-    # A known mistake matches when it reproduces the whole observation; failing that, when it
-    # goes wrong in the same place and the same way (the rest may differ for other reasons).
+    # A known mistake is named only when the answer shows all of it: the whole observation, or
+    # (where the answer also goes wrong elsewhere) every part in which the mistake differs from
+    # the reference, each the same way. One shared symptom is not enough: several mistakes
+    # share one (the parameters never move), and naming the wrong one misleads.
     for message, wrong in wrongs:
         if first_difference(got, wrong) is None:
             raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}")
-    for message, wrong in wrongs:
-        if key is not None and _difference_at(got, wrong, key) is None:
-            raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}")
-    raise Mistake(grade_id, f"{diff}{where}." + (f"\nLikely mistake: {hint}" if hint else ""))
+    shown = [(m, w) for m, w in wrongs if _shows_all_of(got, w, want)]
+    # Of those, first one that explains the difference the message starts with.
+    shown.sort(key=lambda pair: _difference_at(pair[1], want, key) is None)
+    for message, wrong in shown:
+        also = "; something else differs too" if first_difference(got, wrong) else ""
+        raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}{also}")
+    others = _other_differences(got, want, key)
+    raise Mistake(
+        grade_id,
+        f"{diff}{where}."
+        + (f"\nAlso different: {', '.join(others)}." if others else "")
+        + (f"\nLikely mistake: {hint}" if hint else ""),
+    )
 
 
 def _first_differing_key(got: Observation, want: Observation) -> str | None:
@@ -204,10 +227,26 @@ def _first_differing_key(got: Observation, want: Observation) -> str | None:
     return next((k for k in want if first_difference(got[k], want[k]) is not None), None)
 
 
-def _difference_at(got: dict, wrong: Observation, key: str) -> str | None:
-    if not isinstance(wrong, dict) or key not in wrong:
-        return "no such key"
-    return first_difference(got[key], wrong[key])
+def _shows_all_of(got: Observation, wrong: Observation, want: Observation) -> bool:
+    """Whether ``got`` differs from ``want`` wherever ``wrong`` does, and in the same way."""
+    if not all(isinstance(o, dict) for o in (got, wrong, want)) or not (
+        got.keys() == wrong.keys() == want.keys()
+    ):
+        return False
+    signature = [k for k in want if first_difference(wrong[k], want[k]) is not None]
+    return bool(signature) and all(first_difference(got[k], wrong[k]) is None for k in signature)
+
+
+def _difference_at(observation: Observation, want: Observation, key: str | None) -> str | None:
+    if key is None or not isinstance(observation, dict) or key not in observation:
+        return None
+    return first_difference(observation[key], want[key])
+
+
+def _other_differences(got: Observation, want: Observation, first: str | None) -> list[str]:
+    if first is None:
+        return []
+    return [k for k in want if k != first and first_difference(got[k], want[k]) is not None][:6]
 
 
 def grading_seed() -> int:
@@ -266,6 +305,71 @@ def clean_room(seed: int = 0):
                 os.environ.update(saved[6])
 
 
+@contextmanager
+def quiet_stderr(name: str):
+    """Run a check with nothing reaching stderr: what arrives there is shown on stdout as notes.
+
+    nbgrader gives 0 to a test cell that wrote anything to stderr, so a warning from correct
+    code (torch's, a DataLoader worker's, a ``logging`` call) would cost the exercise. Python
+    warnings, ``sys.stderr`` and file descriptor 2 (C++ and child processes write there) are
+    captured while the body runs, and printed afterwards as notes. `forge-course grade` reads no
+    stream at all, so the two grade such an answer alike.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    text = io.StringIO()
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings(record=True) as caught:
+        os.dup2(sink.fileno(), 2)
+        try:
+            with redirect_stderr(text):
+                yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            written = sink.read(_MAX_NOTE).decode("utf-8", "replace") + text.getvalue()[:_MAX_NOTE]
+            notes = dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught)
+            for note in notes:
+                print(f"Note: while `{name}` was checked, Python warned: {note}")
+            if written.strip():
+                print(f"Note: while `{name}` was checked, this was written to stderr:")
+                print(written.rstrip()[:_MAX_NOTE])
+
+
+_MAX_NOTE = 4000  # characters of captured stderr shown: enough to read, not a flood
+
+
+def _process_settings() -> dict[str, str]:
+    """The process-wide settings an answer could leave switched, which the check relies on."""
+    return {
+        "grad mode": "on" if torch.is_grad_enabled() else "off",
+        "inference mode": "on" if torch.is_inference_mode_enabled() else "off",
+        "the default dtype": str(torch.get_default_dtype()),
+    }
+
+
+def _crashed(err: BaseException, label: str, before: dict[str, str]) -> str:
+    """The message for a check that failed on an answer, and the settings put back for the next.
+
+    The check's own code failed (an answer is judged by what it leaves, and what it left made
+    the observation impossible): say where, and name a setting the answer left switched, the
+    one cause the check can see.
+    """
+    now = _process_settings()
+    changed = [f"{name} {before[name]} → {now[name]}" for name in before if now[name] != before[name]]
+    torch.set_grad_enabled(before["grad mode"] == "on")
+    torch.set_default_dtype(getattr(torch, before["the default dtype"].removeprefix("torch.")))
+    where = f" ({label})" if label else ""
+    message = f"The check could not observe your answer{where}: {type(err).__name__}: {err}".rstrip(": ")
+    if changed:
+        return (
+            f"{message}.\nLikely mistake: your answer left {'; '.join(changed)} behind it. "
+            "Whatever a function switches for its own work it must put back: the check's next "
+            "steps, like every later cell, ran in the changed setting (put back now)."
+        )
+    return f"{message}.\nLook at what your function returns and leaves behind for its caller."
+
+
 @dataclass(frozen=True)
 class Exercise:
     """One graded exercise: a learner half a sandbox may run, and a grader half it never sees.
@@ -315,7 +419,7 @@ class Exercise:
         key = (self.grade_id, self.function, kind, repr(case))
         with _CLEAN_ROOM:
             if key not in _EXPECTED:
-                with clean_room():
+                with clean_room(), trusted_code():
                     _EXPECTED[key] = self.observe(fn, case)
             return _EXPECTED[key]
 
@@ -326,6 +430,20 @@ class Exercise:
     def judge(self, case: dict, got: Observation) -> None:
         """Raise a `Mistake` unless ``got``, observed on ``case``, matches the reference."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+        try:
+            self._judge(case, got)
+        except Mistake:
+            raise
+        except Exception as err:  # noqa: BLE001  (a check ends in a message, never a crash)
+            where = f" (case: {self.label(case)})"
+            raise Mistake(
+                self.grade_id,
+                f"The check could not compare what your answer produced{where}: "
+                f"{type(err).__name__}: {err}",
+            ) from err
+
+    def _judge(self, case: dict, got: Observation) -> None:
+        __tracebackhide__ = True
         if isinstance(got, dict):
             for key, value in got.items():
                 if isinstance(value, str) and value == INSTRUMENT_TAMPERED:
@@ -359,7 +477,16 @@ class Exercise:
     def check(self, fn: Callable, thorough: bool = False) -> None:
         """Observe ``fn`` on every case and judge it: what a notebook's test cell calls."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+        if is_reference(fn):  # the answer *is* the reference (``ref.f.__wrapped__``, say)
+            raise Mistake(self.grade_id, str(refusal(self.function)))
+        new_check()
+        with quiet_stderr(self.function):
+            self._check(fn, thorough)
+
+    def _check(self, fn: Callable, thorough: bool) -> None:
+        __tracebackhide__ = True
         for case in self.cases(thorough):
+            before = _process_settings()
             try:
                 observed = self.observe(fn, case)
             except Mistake as err:
@@ -368,6 +495,8 @@ class Exercise:
                 if explained == message:
                     raise
                 raise Mistake(self.grade_id, explained) from err.__cause__
+            except Exception as err:  # noqa: BLE001  (a check ends in a message, never a crash)
+                raise Mistake(self.grade_id, _crashed(err, self.label(case), before)) from err
             self.judge(case, observed)
 
 

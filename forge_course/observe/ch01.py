@@ -16,6 +16,7 @@ from torch.overrides import (
     _get_current_function_mode_stack,
     _pop_mode,
 )
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from forge_course.observe.common import Mistake, call_answer
 
@@ -37,6 +38,51 @@ def _attempt(grade_id: str, name: str, fn, *args, case: str):
         if cause is None or isinstance(cause, (MemoryError, OSError)):
             raise
         return None, str(err).removeprefix(f"[{grade_id}] ")
+
+
+WRITES = "writes into x's memory while it runs"
+
+
+class _WatchWrites(TorchDispatchMode):
+    """Notes every operation that writes into the memory of the watched tensors, whatever
+    tensor it goes through: ``x.sub_``, ``x.data.sub_``, ``x.detach().copy_``, ``out=x``."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.memory = {t.untyped_storage().data_ptr() for t in tensors}
+        self.wrote = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for i, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = args[i] if i < len(args) else kwargs.get(argument.name)
+            if isinstance(value, torch.Tensor) and self._ours(value):
+                self.wrote = True
+        return func(*args, **kwargs)
+
+    def _ours(self, tensor: torch.Tensor) -> bool:
+        try:
+            return tensor.untyped_storage().data_ptr() in self.memory
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (meta, sparse)
+            return False
+
+
+@contextmanager
+def _watching_writes(*tensors):
+    """The body runs under a `_WatchWrites`; the verdict says "yes", "no" or that the learner's
+    code removed the watch (a dispatch mode it popped is not on the stack at the end)."""
+    watch = _WatchWrites(tensors)
+    memory = [t.untyped_storage().data_ptr() for t in tensors]
+    verdict = {}
+    with watch:
+        yield verdict
+        intact = any(mode is watch for mode in _get_current_dispatch_mode_stack())
+    # ``x.data = ...`` writes nothing: it gives x other memory, which is as much a change.
+    swapped = memory != [t.untyped_storage().data_ptr() for t in tensors]
+    wrote = "yes" if watch.wrote or swapped else "no"
+    verdict[WRITES] = wrote if intact else "not known: watch removed"
 
 
 # ---------------------------------------------------------------- ch01_graph_walk
@@ -241,7 +287,8 @@ def _run_logsumexp(LogSumExp, apply, case: dict) -> dict:
     label = label_logsumexp(case)
     seen: dict = {}
     x = logits(case).requires_grad_()
-    out, raised = _attempt(LOGSUMEXP_ID, "LogSumExp", apply, x, case["dim"], case=label)
+    with _watching_writes(x) as writes:
+        out, raised = _attempt(LOGSUMEXP_ID, "LogSumExp", apply, x, case["dim"], case=label)
     if raised is not None:
         return {"raised": raised}
     if not isinstance(out, torch.Tensor):
@@ -256,11 +303,15 @@ def _run_logsumexp(LogSumExp, apply, case: dict) -> dict:
         .to(out.dtype)
         .to(out.device)
     )
-    _, raised = _attempt(LOGSUMEXP_ID, "LogSumExp", _backward, out, upstream, case=label)
+    with _watching_writes(x) as in_backward:
+        _, raised = _attempt(LOGSUMEXP_ID, "LogSumExp", _backward, out, upstream, case=label)
     if raised is not None:
         return {**seen, "raised": raised}
     seen["gradient"] = None if x.grad is None else x.grad.clone()
     seen["the logits after the call"] = x.detach().clone()
+    # Last, so that a difference in what the caller sees is named first.
+    verdicts = (writes[WRITES], in_backward[WRITES])
+    seen[WRITES] = "yes" if "yes" in verdicts else min(verdicts, key=len)
     if case["dtype"] == "float64" and "shape" in case:
 
         def gradcheck():
@@ -298,7 +349,8 @@ def observe_straight_through(fn, case: dict) -> dict:
     leaf = leaf.to(device).requires_grad_()
     x = leaf * case["scale"] if case["scale"] != 1.0 else leaf
     label = label_straight_through(case)
-    out, raised = _attempt(STRAIGHT_THROUGH_ID, "round_ste", fn, x, case=label)
+    with _watching_writes(x) as writes:
+        out, raised = _attempt(STRAIGHT_THROUGH_ID, "round_ste", fn, x, case=label)
     if raised is not None:
         return {"raised": raised}
     if not isinstance(out, torch.Tensor):
@@ -317,4 +369,5 @@ def observe_straight_through(fn, case: dict) -> dict:
             return {**seen, "raised": raised}
     seen["gradient"] = None if leaf.grad is None else leaf.grad.clone()
     seen["x after the call"] = x.detach().clone()
+    seen.update(writes)  # last, so that a difference in what the caller sees is named first
     return seen

@@ -255,6 +255,9 @@ def _rank_process(job: dict) -> None:
     torch.set_num_threads(1)  # a tiny model: one thread per rank is plenty
     if job["guard"]:
         importlib.import_module(job["guard"])  # the caller's tripwire: references refuse to run
+    trust = common._trust()  # kept until the rank exits: a context left unreferenced would end
+    if job["guard"] and job.get("trusted"):  # ranks of the reference or of a known mistake
+        trust.__enter__()
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
@@ -409,7 +412,7 @@ def _start_ranks(fn, world_size: int, out_dirs: list[str], reports: str) -> dict
         {
             "worker": worker, "unsent": packer.unsent, "world_size": world_size,
             "args": (rank, world_size, port, out_dirs[rank]), "reports": reports,
-            "guard": "" if guard == common.__name__ else guard,
+            "guard": "" if guard == common.__name__ else guard, "trusted": common._trusting(),
         }
         for rank in range(world_size)
     ]  # fmt: skip

@@ -30,16 +30,23 @@ INSTRUMENT_TAMPERED = "changed by the answer: the check's instrument is not wher
 
 _guard: Callable[[Callable], AbstractContextManager] = lambda fn: nullcontext()
 _translate: Callable[[BaseException], str | None] = lambda err: None
+_trusting: Callable[[], bool] = lambda: False
+_trust: Callable[[], AbstractContextManager] = nullcontext
 
 
 def set_guard(
     guard: Callable[[Callable], AbstractContextManager],
     translate: Callable[[BaseException], str | None],
+    trusting: Callable[[], bool] = lambda: False,
+    trust: Callable[[], AbstractContextManager] = nullcontext,
 ) -> None:
     """Install the notebook's tripwire: ``guard(fn)`` wraps each call of ``fn``; ``translate``
-    turns the tripwire's exception into a message (None for any other exception)."""
-    global _guard, _translate
-    _guard, _translate = guard, translate
+    turns the tripwire's exception into a message (None for any other exception);
+    ``trusting()`` says whether this thread observes the check's own code (the reference, a
+    known mistake), and ``trust()`` makes the body do so: what a process the check starts for
+    that observation (a rank, in chapter 11) enters."""
+    global _guard, _translate, _trusting, _trust
+    _guard, _translate, _trusting, _trust = guard, translate, trusting, trust
 
 
 def call_answer(grade_id: str, name: str, fn: Callable, *args, case: str = "", **kwargs) -> Any:

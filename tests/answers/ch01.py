@@ -192,6 +192,35 @@ def round_ste(x):
     return x
 """
 
+# Shifts the caller's logits through .data and shifts them back: nothing is left to see after
+# the call, but the exercise forbids writing into x at all.
+LOGSUMEXP_DATA_AND_BACK = """
+class LogSumExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        m = x.amax(dim, keepdim=True)
+        x.data -= m
+        total = x.exp().sum(dim, keepdim=True)
+        ctx.save_for_backward(x.exp() / total)
+        x.data += m
+        ctx.dim = dim
+        return (m + total.log()).squeeze(dim)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (softmax,) = ctx.saved_tensors
+        return softmax * grad_output.unsqueeze(ctx.dim), None
+"""
+
+STE_DATA_AND_BACK = """
+def round_ste(x):
+    kept = x.detach().clone()
+    x.data = torch.round(x.data)
+    out = x * 1.0
+    x.data = kept
+    return out
+"""
+
 STE_DETACH_TRICK = """
 def round_ste(x):
     return x + (torch.round(x) - x).detach()

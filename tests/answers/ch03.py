@@ -131,6 +131,26 @@ def pad_collate(batch, pad_value=0):
             "labels": torch.tensor([y for _, y in batch])}
 """
 
+# Correct, but it warns twice while it runs: torch's UserWarning (a tensor copied with
+# torch.tensor) and a logged warning, which Python's logging writes to stderr. Neither may cost
+# a point: nbgrader gives 0 to a test cell that writes to stderr.
+COLLATE_WARNS = """
+import logging
+
+def pad_collate(batch, pad_value=0):
+    sequences = [s for s, _ in batch]
+    if any(len(s) == 0 for s in sequences):
+        logging.warning("pad_collate: an empty sequence in the batch")
+    width = max((len(s) for s in sequences), default=0)
+    input_ids = torch.full((len(batch), width), pad_value, dtype=sequences[0].dtype)
+    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, s in enumerate(sequences):
+        input_ids[row, : len(s)] = torch.tensor(s)
+        attention_mask[row, : len(s)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            "labels": torch.tensor([y for _, y in batch])}
+"""
+
 # For each solution cell: the wrong answers, each with the test cells it must fail and a phrase
 # their feedback must contain. Submission k takes the k-th wrong answer of every cell.
 WRONG = {
@@ -188,7 +208,7 @@ WRONG = {
 ALTERNATIVE = {
     "ch03_inverse_frequency": INVERSE_FREQUENCY_UNIQUE,
     "ch03_shard_indices": SHARD_WHILE_LOOP,
-    "ch03_pad_collate": COLLATE_PAD_SEQUENCE,
+    "ch03_pad_collate": COLLATE_WARNS,
     "ch03_questions": (
         "duplicates = 2.0\ncat_vs_dog = 9.0\nset_epoch_answer = ' B '\n"
         "cats_without_replacement = 100.0\n"
