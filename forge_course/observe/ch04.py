@@ -157,10 +157,10 @@ class OwnDropout(torch.nn.Module):
         if not self.training:
             return x
         keep = torch.rand(x.shape, generator=self.generator) >= self.p
-        return x * keep.to(device=x.device, dtype=x.dtype) / (1 - self.p)
+        return x * keep.to(x) / (1 - self.p)  # x's device and dtype
 
 
-def _halve(module, inputs, output):
+def halve_output(module, inputs, output):
     """The model's forward hook: it changes the output, so a forward that skips hooks shows."""
     return output * 0.5
 
@@ -176,7 +176,7 @@ def step_model(seed: int, device, dtype) -> torch.nn.Module:
         OwnDropout(0.25, seed),
         torch.nn.Linear(8, 3),
     )
-    model.register_forward_hook(_halve)
+    model.register_forward_hook(halve_output)
     return model.to(device=device, dtype=dtype).train()
 
 
