@@ -246,21 +246,21 @@ def test_visible_cases_start_from_train_mode_eval_mode_and_a_frozen_batch_norm()
 
 
 def _evaluate_loop(model, loader, loss_fn, device, run=None):
-    """The loop of a correct answer, without the mode and autograd bookkeeping around it."""
+    """The loop of a correct answer, without the mode and autograd bookkeeping around it (self-
+    contained: the grader tests send its source as a submission)."""
+    summed = copy.copy(loss_fn)
+    summed.reduction = "sum"
+    weight = getattr(loss_fn, "weight", None)
     total, divisor, correct, count = 0.0, 0.0, 0, 0
     for inputs, targets in loader:
         inputs, targets = inputs.to(device), targets.to(device)
         outputs = (run or model)(inputs)
-        mask, weight = evaluation.counted(loss_fn, targets)
-        total += torch.nn.functional.cross_entropy(
-            outputs, targets, weight=loss_fn.weight, ignore_index=loss_fn.ignore_index,
-            label_smoothing=loss_fn.label_smoothing, reduction="sum",
-        ).item() if isinstance(loss_fn, torch.nn.CrossEntropyLoss) else (
-            loss_fn(outputs, targets).item() * len(targets)
-        )  # fmt: skip
-        divisor += weight.item()
-        correct += (outputs.argmax(dim=-1) == targets)[mask].sum().item()
-        count += int(mask.sum())
+        kept = targets != getattr(loss_fn, "ignore_index", -100)
+        per_target = weight[targets.clamp(min=0)] if weight is not None else kept.double()
+        total += summed(outputs, targets).item()
+        divisor += (per_target.double() * kept).sum().item()
+        correct += (outputs.argmax(dim=-1) == targets)[kept].sum().item()
+        count += int(kept.sum())
     return total / divisor, correct / count
 
 
