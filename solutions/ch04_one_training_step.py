@@ -138,7 +138,9 @@ print("Every number worked out by hand agrees with autograd.")
 # of `n` floats, `b` and `t` have `m` floats, `x` has `n`. Return a dict with the keys `"y"`,
 # `"loss"`, `"dL_dy"`, `"dL_dW"`, `"dL_db"`, `"W_new"` and `"b_new"` (lists or NumPy arrays of
 # the shapes of the tensors they stand for; `"loss"` a number). The loss is the mean over the
-# `m` outputs, as above. Use plain Python or NumPy: the check switches autograd off.
+# `m` outputs, as above. Use plain Python or NumPy, not autograd: the check calls it with grad
+# mode off, and an answer that records a graph all the same (inside `torch.enable_grad()`, say)
+# fails.
 
 
 # %% nbgrader={"grade_id": "ch04_hand_step", "solution": true}
@@ -449,7 +451,9 @@ for k in (3, 10):
 # the batch `(x, y)` and returns the loss as a **Python float**. It must work for any model,
 # optimizer, loss and device: the check runs it twice in a row, with SGD, momentum and Adam,
 # regression and classification, in float32 and float64, on every device this machine has.
-# `x` and `y` are already on the model's device.
+# `x` and `y` are already on the model's device. The model has dropout, batch norm and a forward
+# hook, and its caller has put it in train mode: call the model itself (`model(x)`, which runs
+# its hooks), once, in the mode you were given, and leave everything else as you found it.
 
 
 # %% nbgrader={"grade_id": "ch04_train_step", "solution": true}

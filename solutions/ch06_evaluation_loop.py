@@ -649,48 +649,64 @@ print(f"keeping tensor totals with recording on: +{growth / 1024:.1f} KiB per ev
 # * **No graph**: run the forward passes under `torch.no_grad()` (or `torch.inference_mode()`).
 #   Leave autograd as you found it: no `torch.set_grad_enabled(False)` that outlives the call,
 #   no `requires_grad_(False)` left on the parameters.
-# * **Weighted by examples**: `loss_fn` returns the mean over its batch in which every example
-#   counts once (`reduction="mean"`, no class weights, no `ignore_index`): for example
-#   `CrossEntropyLoss()`, with or without `label_smoothing`, or `MultiMarginLoss()`. The last
-#   batch may be short, so multiply each batch's mean by its number of examples and divide the
-#   sum by the number of examples. Use `loss_fn`, whichever of these it is, and leave its
-#   settings (`reduction` included) as they are.
-# * **Accuracy**: the fraction of examples whose highest score is the target,
-#   `outputs.argmax(dim=-1) == targets`.
+# * **The whole set's mean**: the mean loss is what `loss_fn` would give on all the examples at
+#   once, as one batch. `loss_fn` is one of torch's loss modules with `reduction="mean"`:
+#   `CrossEntropyLoss()` (with or without `label_smoothing`, class `weight` or ignored
+#   targets) or `MultiMarginLoss()`; use it, whichever it is. A batch's mean is its sum divided
+#   by what the loss counts in it, so add up each batch's `reduction="sum"` loss and what its
+#   mean divides by, and divide once at the end. What it divides by: for `CrossEntropyLoss`, the
+#   total class weight `loss_fn.weight[t]` of the targets `t` that are not
+#   `loss_fn.ignore_index` (their number when `weight` is None); for any other loss, the
+#   number of targets. The sums come from a copy (`copy.copy(loss_fn)`, then set its
+#   `reduction`): leave the caller's `loss_fn` and its settings as they are.
+# * **Accuracy**: the fraction of counted targets (those not `ignore_index`, for a loss that
+#   has one) whose highest score is the target, `outputs.argmax(dim=-1) == targets`.
 # * Move the inputs **and the targets** of each batch to `device`, and leave every parameter,
 #   buffer and `.grad` as it is.
 #
-# Why the restriction on the loss: with class weights, `CrossEntropyLoss`'s batch mean divides
-# by the total weight of the batch's targets, and with `ignore_index` by the number of targets
-# not ignored, not by the batch size; "Averaging over uneven batches" measured what weighing by
-# the batch size costs then. Those losses need the sums of `reduction="sum"` divided by the
-# total weight or count over the whole set, a different function from this one.
+# Why not the batch means times the batch sizes: that is right only when every target counts
+# once. With class weights, `CrossEntropyLoss`'s batch mean divides by the total weight of the
+# batch's targets, and with `ignore_index` by the number of targets not ignored, so weighing it
+# by the batch size is off ("Averaging over uneven batches" measured by how much), and a batch
+# of nothing but ignored targets has a mean of nan but a sum of 0. The check runs such a loss,
+# with a first batch that is all padding, in the visible tests.
 
 
 # %% nbgrader={"grade_id": "ch06_evaluate", "solution": true}
 def evaluate(model, loader, loss_fn, device):
     ### BEGIN SOLUTION
+    summed = copy.copy(loss_fn)  # the caller's loss keeps its own reduction
+    summed.reduction = "sum"
+    ignore = getattr(loss_fn, "ignore_index", None)
+    weight = getattr(loss_fn, "weight", None)
     modes = {module: module.training for module in model.modules()}
     model.eval()
-    total_loss, correct, count = 0.0, 0, 0
+    total_loss, total_weight, correct, count = 0.0, 0.0, 0, 0
     try:
         with torch.no_grad():
             for inputs, targets in loader:
                 inputs, targets = inputs.to(device), targets.to(device)
                 outputs = model(inputs)
-                n = targets.numel()
-                total_loss += loss_fn(outputs, targets).item() * n
-                correct += (outputs.argmax(dim=-1) == targets).sum().item()
-                count += n
+                if isinstance(loss_fn, torch.nn.CrossEntropyLoss):
+                    kept = targets != ignore
+                    divisor = weight[targets[kept]].sum() if weight is not None else kept.sum()
+                else:
+                    kept = torch.ones_like(targets, dtype=torch.bool)
+                    divisor = kept.sum()
+                total_loss += summed(outputs, targets).item()
+                total_weight += divisor.item()
+                correct += (outputs.argmax(dim=-1) == targets)[kept].sum().item()
+                count += int(kept.sum())
     finally:
         for module, training in modes.items():
             module.training = training
-    return total_loss / count, correct / count
+    return total_loss / total_weight, correct / count
     ### END SOLUTION
 
 
 # %% nbgrader={"grade_id": "ch06_evaluate_tests", "grade": true, "points": 3}
-# Visible tests: uneven batches, from train mode, from eval mode, with a frozen batch norm.
+# Visible tests: uneven batches, from train mode, from eval mode, with a frozen batch norm, and a
+# class-weighted loss whose first batch is all ignored targets.
 from forge_course.grading import ch06
 
 ch06.check_evaluate(evaluate)

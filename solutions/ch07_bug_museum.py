@@ -232,11 +232,15 @@ print(f"loss after {STEPS} steps: bug-free {correct['loss'][-1]:.3f}, "
 # as if all gradients were one long vector. Skip parameters whose `.grad` is None (frozen
 # parameters, and parameters the forward did not use); if no parameter has a gradient, return
 # `0.0`. Do not change any gradient. The result equals what
-# `torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf)` returns.
+# `torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf)` returns: each
+# parameter counts once, as `model.parameters()` yields it, so a weight shared by two layers
+# (tied embeddings) counts once, and two different parameters count twice even when their
+# gradients are equal.
 #
-# The tests run it on models with frozen and unused layers, before any backward, after two
-# backward calls and after an in-place `zero_grad(set_to_none=False)`, in float32 and float64,
-# on every device this machine has; the hidden tests draw new weights every time they run.
+# The tests run it on models with frozen and unused layers, a shared weight and two twin
+# layers, before any backward, after two backward calls and after an in-place
+# `zero_grad(set_to_none=False)`, in float32 and float64, on every device this machine has; the
+# hidden tests draw new weights every time they run.
 
 
 # %% nbgrader={"grade_id": "ch07_grad_norm", "solution": true}

@@ -284,7 +284,8 @@ for name, batchnorm in (("no batch statistics", False), ("with BatchNorm1d", Tru
 # The check calls it twice in a row and compares what it returns and every parameter with the
 # reference, and it notes the size of every batch the model's forward sees: one forward per
 # micro-batch, in order. The hidden check adds other splits, clipping, AdamW, float64 and
-# every device.
+# every device. Its model has dropout and a forward hook, and its caller has put it in train
+# mode: call the model itself (`model(x)`, which runs the hooks) in the mode you were given.
 
 
 # %% nbgrader={"grade_id": "ch10_accumulate_step", "solution": true}
@@ -572,12 +573,13 @@ for b in (BATCH, 16 * BATCH):
 #   the loss before backward, let the scaler make the step, and update the scaler;
 # * return the loss as a Python float.
 #
-# The check runs two steps on the CPU (bfloat16, no scaler) and compares the model's output
-# dtype, the returned loss and the parameters (at bfloat16 precision) with the reference. The
-# hidden check adds AdamW, a scaler passed on the CPU, a gradient that overflows (the step
-# must be skipped and the scale halved), every device, and, so that a device written into the
-# code shows even on a machine without a GPU, a CPU batch whose `device` says `cuda` (CUDA's
-# autocast leaves its CPU arithmetic in float32).
+# The check's model has dropout and a forward hook: call the model itself (`model(x)`), in the
+# train mode its caller set. The check runs two steps on the CPU (bfloat16, no scaler) and
+# compares the model's output dtype, the returned loss and the parameters (at bfloat16
+# precision) with the reference. The hidden check adds AdamW, a scaler passed on the CPU, a
+# gradient that overflows (the step must be skipped and the scale halved), every device, and,
+# so that a device written into the code shows even on a machine without a GPU, a CPU batch
+# whose `device` says `cuda` (CUDA's autocast leaves its CPU arithmetic in float32).
 
 
 # %% nbgrader={"grade_id": "ch10_amp_step", "solution": true}

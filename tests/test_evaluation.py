@@ -73,21 +73,31 @@ def test_the_mean_of_batch_means_would_be_wrong_here(device):
     [{"weight": torch.tensor([1.0, 3.0, 0.5, 2.0])}, {"ignore_index": 2}],
     ids=["class_weights", "ignore_index"],
 )
-def test_a_loss_that_weighs_examples_needs_sums_over_the_total_weight(options):
-    # The module docstring's limit of the batch-size weighting: with class weights or an
-    # ignored class the batch mean divides by the weight of the counted targets instead.
+def test_a_loss_that_weighs_examples_is_averaged_over_the_total_weight(options):
+    # With class weights or an ignored class the batch mean divides by the weight of the
+    # counted targets: weighing batch means by the batch size is wrong, the sums are right.
     model, (X, y) = _classifier(torch.device("cpu")).eval(), _data()
-    weight = options.get("weight", torch.ones(4))
+    loss_fn = torch.nn.CrossEntropyLoss(**options)
     counted = y != options.get("ignore_index", -100)
     with torch.no_grad():
         whole = torch.nn.functional.cross_entropy(model(X), y, **options).item()
-        by_size = evaluate(model, _loader(4), torch.nn.CrossEntropyLoss(**options), "cpu")[0]
-        sums = sum(
-            torch.nn.functional.cross_entropy(model(x), t, reduction="sum", **options).item()
-            for x, t in _loader(4)
-        )
+        by_size = sum(loss_fn(model(x), t).item() * len(t) for x, t in _loader(4)) / len(y)
+        loss, accuracy = evaluate(model, _loader(4), loss_fn, "cpu")
+        hits = (model(X).argmax(dim=1) == y)[counted].double().mean().item()
     assert abs(by_size - whole) > 1e-3
-    torch.testing.assert_close(sums / weight[y[counted]].sum().item(), whole)
+    torch.testing.assert_close(loss, whole)
+    torch.testing.assert_close(accuracy, hits)
+    assert loss_fn.reduction == "mean"
+
+
+def test_a_batch_whose_targets_are_all_ignored_adds_nothing():
+    model, (X, y) = _classifier(torch.device("cpu")).eval(), _data(12)
+    y[:4] = -100  # the first batch of 4 is all padding: its mean is nan, its sum 0
+    loader = DataLoader(TensorDataset(X, y), batch_size=4)
+    with torch.no_grad():
+        whole = torch.nn.functional.cross_entropy(model(X), y).item()
+    loss, _ = evaluate(model, loader, torch.nn.CrossEntropyLoss(), "cpu")
+    torch.testing.assert_close(loss, whole)
 
 
 @DEVICES
@@ -97,11 +107,12 @@ def test_evaluate_uses_eval_mode_and_restores_the_previous_mode(device, training
     model.train(training)
     seen = []
 
-    def spy_loss(outputs, targets):
-        seen.append(all(not module.training for module in model.modules()))
-        return torch.nn.functional.cross_entropy(outputs, targets)
+    class SpyLoss(torch.nn.CrossEntropyLoss):
+        def forward(self, outputs, targets):
+            seen.append(all(not module.training for module in model.modules()))
+            return super().forward(outputs, targets)
 
-    evaluate(model, _loader(4), spy_loss, device)
+    evaluate(model, _loader(4), SpyLoss(), device)
     assert seen == [True, True, True]
     assert all(module.training == training for module in model.modules())
 
@@ -168,7 +179,7 @@ def test_dropout_model_evaluates_deterministically(device):
 
 
 def test_evaluate_rejects_an_empty_loader():
-    with pytest.raises(ValueError, match="no examples"):
+    with pytest.raises(ValueError, match="no counted target"):
         evaluate(_classifier("cpu"), [], torch.nn.CrossEntropyLoss(), "cpu")
 
 

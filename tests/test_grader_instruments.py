@@ -57,18 +57,13 @@ def _correct_then(extra: str) -> str:
         "def evaluate(model, loader, loss_fn, device):\n"
         "    modes = {m: m.training for m in model.modules()}\n"
         "    model.eval()\n"
-        "    total, correct, count = 0.0, 0, 0\n"
         "    with torch.no_grad():\n"
-        "        for inputs, targets in loader:\n"
-        "            inputs, targets = inputs.to(device), targets.to(device)\n"
-        "            outputs = model(inputs)\n"
-        "            total += loss_fn(outputs, targets).item() * targets.numel()\n"
-        "            correct += (outputs.argmax(dim=-1) == targets).sum().item()\n"
-        "            count += targets.numel()\n"
+        "        result = _whole_set(model, loader, loss_fn, device)\n"
         "    for m, training in modes.items():\n"
         "        m.training = training\n"
         + "".join(f"    {line}\n" for line in extra.splitlines())
-        + "    return total / count, correct / count\n"
+        + "    return result\n\n\n"
+        + inspect.getsource(attacks._evaluate_loop).replace("_evaluate_loop", "_whole_set")
     )
 
 

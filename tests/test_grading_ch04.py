@@ -47,7 +47,9 @@ def test_hand_step_accepts_correct_answers_in_any_style(answer):
     ch04.check_hand_step(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch04.HAND_STEP_MISTAKES, ids=range(6))
+@pytest.mark.parametrize(
+    "message,wrong", ch04.HAND_STEP_MISTAKES, ids=range(len(ch04.HAND_STEP_MISTAKES))
+)
 def test_hand_step_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch04.check_hand_step(wrong)
@@ -59,6 +61,36 @@ def test_hand_step_must_not_use_autograd():
         ch04.check_hand_step(autograd_hand_step)
 
 
+def autograd_turned_back_on(W, b, x, t, lr):
+    with torch.enable_grad():
+        W_ = torch.tensor(W, requires_grad=True)
+        b_ = torch.tensor(b, requires_grad=True)
+        y = W_ @ torch.tensor(x) + b_
+        loss = ((y - torch.tensor(t)) ** 2).mean()
+        dy, dW, db = torch.autograd.grad(loss, [y, W_, b_])
+    return {"y": y.tolist(), "loss": loss.item(), "dL_dy": dy.tolist(), "dL_dW": dW.tolist(),
+            "dL_db": db.tolist(), "W_new": (W_ - lr * dW).tolist(),
+            "b_new": (b_ - lr * db).tolist()}  # fmt: skip
+
+
+def autograd_by_set_grad_enabled(W, b, x, t, lr):
+    torch.set_grad_enabled(True)
+    try:
+        W_ = torch.tensor(W, requires_grad=True)
+        b_ = torch.tensor(b, requires_grad=True)
+        y = W_ @ torch.tensor(x) + b_
+        ((y - torch.tensor(t)) ** 2).mean().backward()
+    finally:
+        torch.set_grad_enabled(False)
+    return copied(step.hand_step)(W, b, x, t, lr)
+
+
+@pytest.mark.parametrize("answer", [autograd_turned_back_on, autograd_by_set_grad_enabled])
+def test_hand_step_that_turns_autograd_back_on_is_caught(answer):
+    with pytest.raises(Mistake, match="used autograd"):
+        ch04.check_hand_step(answer)
+
+
 def test_hand_step_reports_a_missing_key():
     with pytest.raises(Mistake, match="missing the key.*'dL_db'"):
         ch04.check_hand_step(lambda *a: {k: v for k, v in copied(step.hand_step)(*a).items()
@@ -66,7 +98,7 @@ def test_hand_step_reports_a_missing_key():
 
 
 def zero_grad_last(model, optimizer, loss_fn, x, y):
-    loss = loss_fn(model.forward(x), y)
+    loss = loss_fn(model(x), y)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=False)
@@ -82,12 +114,27 @@ def detached_return(model, optimizer, loss_fn, x, y):
     return loss.detach().cpu().item()
 
 
-@pytest.mark.parametrize("answer", [copied(step.train_step), zero_grad_last, detached_return])
+def train_mode_first(model, optimizer, loss_fn, x, y):
+    model.train()  # the caller set it already: harmless
+    for p in model.parameters():
+        p.grad = None
+    with torch.enable_grad():
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+@pytest.mark.parametrize(
+    "answer", [copied(step.train_step), zero_grad_last, detached_return, train_mode_first]
+)
 def test_train_step_accepts_correct_answers_in_any_style(answer):
     ch04.check_train_step(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch04.TRAIN_STEP_MISTAKES, ids=range(3))
+@pytest.mark.parametrize(
+    "message,wrong", ch04.TRAIN_STEP_MISTAKES, ids=range(len(ch04.TRAIN_STEP_MISTAKES))
+)
 def test_train_step_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch04.check_train_step(wrong)
@@ -107,6 +154,70 @@ def zero_grad_between(model, optimizer, loss_fn, x, y):
     optimizer.zero_grad()
     optimizer.step()
     return loss.item()
+
+
+def eval_inside(model, optimizer, loss_fn, x, y):
+    model.eval()
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    model.train()
+    return loss.item()
+
+
+def eval_forward_only(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    model.eval()
+    output = model(x)
+    model.train()
+    loss = loss_fn(output, y)
+    loss.backward()
+    optimizer.step()
+    return float(loss)
+
+
+def calls_forward(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    loss = loss_fn(model.forward(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def forward_twice(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    logged = loss_fn(model(x), y).item()  # a second forward: batch norm's statistics move twice
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return logged
+
+
+def reseeds(model, optimizer, loss_fn, x, y):
+    torch.manual_seed(0)  # "for reproducibility"
+    return copied(step.train_step)(model, optimizer, loss_fn, x, y)
+
+
+def sums_the_loss(model, optimizer, loss_fn, x, y):
+    loss_fn.reduction = "sum"
+    return copied(step.train_step)(model, optimizer, loss_fn, x, y)
+
+
+@pytest.mark.parametrize(
+    "wrong,named",
+    [
+        (eval_inside, "the forward ran in eval mode"),
+        (eval_forward_only, "the forward ran in eval mode"),
+        (calls_forward, "skips the model's hooks"),
+        (forward_twice, "ran forward twice"),
+        (reseeds, "torch's global generator: advanced"),
+        (sums_the_loss, "loss_fn.reduction: mean → sum"),
+    ],
+)
+def test_steps_that_change_modes_hooks_or_state_are_caught(wrong, named):
+    with pytest.raises(Mistake, match=named):
+        ch04.check_train_step(wrong, thorough=True)
 
 
 @pytest.mark.parametrize("wrong", [no_step, zero_grad_between])
@@ -161,7 +272,7 @@ def _correct_step_then(leave):
 LEFT_BEHIND = {
     "grad mode: on → off": lambda model: torch.set_grad_enabled(False),
     "model[0]'s mode: train → eval": lambda model: model.eval(),
-    "model[2].weight.requires_grad: True → False": lambda model: model.requires_grad_(False),
+    "model[4].weight.requires_grad: True → False": lambda model: model.requires_grad_(False),
     "default dtype: torch.float32 → torch.float64": lambda model: torch.set_default_dtype(
         torch.float64
     ),

@@ -1,5 +1,7 @@
 """Chapter 06's checks: correct answers in any style pass; each typical mistake is named."""
 
+import copy
+
 import pytest
 import torch
 
@@ -9,24 +11,33 @@ from tests.helpers.copied import copied
 
 
 def evaluate_with_a_dict_of_modes(model, loader, loss_fn, device):
+    """The caller's loss switched to sums and back, the divisor from the weights by masking."""
     modes = {module: module.training for module in model.modules()}
     model.eval()
-    loss_sum, hits, seen = 0.0, 0, 0
-    with torch.inference_mode():
-        for x, y in loader:
-            x, y = x.to(device), y.to(device)
-            scores = model(x)
-            loss_sum += float(loss_fn(scores, y)) * len(y)
-            hits += int((scores.argmax(-1) == y).sum())
-            seen += len(y)
+    loss_sum, divisor, hits, seen = 0.0, 0.0, 0, 0
+    reduction, loss_fn.reduction = loss_fn.reduction, "sum"
+    try:
+        with torch.inference_mode():
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                scores = model(x)
+                kept = y != getattr(loss_fn, "ignore_index", -100)
+                weight = getattr(loss_fn, "weight", None)
+                per_target = weight[y.clamp(min=0)] if weight is not None else torch.ones(len(y))
+                loss_sum += float(loss_fn(scores, y))
+                divisor += float((per_target.to(kept.device) * kept).sum())
+                hits += int((scores.argmax(-1) == y)[kept].sum())
+                seen += int(kept.sum())
+    finally:
+        loss_fn.reduction = reduction
     # modules() lists parents before children, so each module's own train(flag) comes last.
     for module, training in modes.items():
         module.train(training)
-    return loss_sum / seen, hits / seen
+    return loss_sum / divisor, hits / seen
 
 
 def evaluate_all_at_once(model, loader, loss_fn, device):
-    """Collect every output, then one loss over all of them: the same mean, other arithmetic."""
+    """Collect every output, then one loss over all of them: the definition itself."""
     before = [m.training for m in model.modules()]
     model.eval()
     with torch.no_grad():
@@ -34,14 +45,15 @@ def evaluate_all_at_once(model, loader, loss_fn, device):
         outputs = torch.cat([out for out, _ in pairs])
         targets = torch.cat([y for _, y in pairs])
         loss = loss_fn(outputs, targets).item()
-        accuracy = (outputs.argmax(dim=-1) == targets).double().mean().item()
+        kept = targets != getattr(loss_fn, "ignore_index", -100)
+        accuracy = (outputs.argmax(dim=-1) == targets)[kept].double().mean().item()
     for m, training in zip(model.modules(), before):
         m.training = training
     return loss, accuracy
 
 
 def evaluate_ignoring_loss_fn(model, loader, loss_fn, device):
-    return copied(evaluation.evaluate)(model, loader, torch.nn.functional.cross_entropy, device)
+    return copied(evaluation.evaluate)(model, loader, torch.nn.CrossEntropyLoss(), device)
 
 
 @pytest.mark.parametrize(
@@ -61,10 +73,84 @@ def test_evaluate_names_each_known_mistake(message, wrong):
     assert str(caught.value).startswith("[ch06_evaluate]")
 
 
-def test_evaluate_hidden_cases_catch_an_answer_that_ignores_loss_fn():
-    ch06.check_evaluate(evaluate_ignoring_loss_fn)  # the visible cases use plain cross-entropy
+def test_evaluate_cases_catch_an_answer_that_ignores_loss_fn():
+    with pytest.raises(Mistake, match="mean loss should be .*class weights"):
+        ch06.check_evaluate(evaluate_ignoring_loss_fn)
     with pytest.raises(Mistake, match="mean loss should be .*(label smoothing|MultiMarginLoss)"):
         ch06.check_evaluate(evaluate_ignoring_loss_fn, thorough=True)
+
+
+def by_batch_size(model, loader, loss_fn, device):
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    total = correct = count = 0
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            outputs = model(x)
+            total += loss_fn(outputs, y).item() * y.numel()
+            correct += (outputs.argmax(dim=-1) == y).sum().item()
+            count += y.numel()
+    for m, training in modes.items():
+        m.training = training
+    return total / count, correct / count
+
+
+def divisor_from_sum_over_mean(model, loader, loss_fn, device):
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    s = copy.copy(loss_fn)
+    s.reduction = "sum"
+    tot = div = c = n = 0
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            o = model(x)
+            total = s(o, y).item()
+            mean = loss_fn(o, y).item()
+            tot += total
+            div += total / mean
+            c += (o.argmax(-1) == y).sum().item()
+            n += (y != -100).sum().item()
+    for m, t in modes.items():
+        m.training = t
+    return tot / div, c / n
+
+
+def weight_indexed_by_every_target(model, loader, loss_fn, device):
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    s = copy.copy(loss_fn)
+    s.reduction = "sum"
+    tot = div = c = n = 0
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            o = model(x)
+            tot += s(o, y).item()
+            div += (
+                loss_fn.weight[y].sum().item()
+                if getattr(loss_fn, "weight", None) is not None
+                else len(y)
+            )
+            c += (o.argmax(-1) == y).sum().item()
+            n += len(y)
+    for m, t in modes.items():
+        m.training = t
+    return tot / div, c / n
+
+
+@pytest.mark.parametrize(
+    "wrong,named",
+    [
+        (by_batch_size, "weighted by its number of targets"),
+        (divisor_from_sum_over_mean, "worked out as its sum over its mean"),
+        (weight_indexed_by_every_target, "cannot index `loss_fn.weight`"),
+    ],
+)
+def test_evaluate_averages_over_what_a_weighted_or_ignoring_loss_counts(wrong, named):
+    with pytest.raises(Mistake, match=named):
+        ch06.check_evaluate(wrong)
 
 
 def test_evaluate_that_returns_something_else_is_told_the_shape_of_the_answer():
@@ -159,15 +245,22 @@ def test_visible_cases_start_from_train_mode_eval_mode_and_a_frozen_batch_norm()
 
 
 def _evaluate_loop(model, loader, loss_fn, device, run=None):
-    """The loop of a correct answer, without the mode and autograd bookkeeping around it."""
-    total, correct, count = 0.0, 0, 0
+    """The loop of a correct answer, without the mode and autograd bookkeeping around it (self-
+    contained: the grader tests send its source as a submission)."""
+    summed = copy.copy(loss_fn)
+    summed.reduction = "sum"
+    weight = getattr(loss_fn, "weight", None)
+    total, divisor, correct, count = 0.0, 0.0, 0, 0
     for inputs, targets in loader:
         inputs, targets = inputs.to(device), targets.to(device)
         outputs = (run or model)(inputs)
-        total += loss_fn(outputs, targets).item() * len(targets)
-        correct += (outputs.argmax(dim=-1) == targets).sum().item()
-        count += len(targets)
-    return total / count, correct / count
+        kept = targets != getattr(loss_fn, "ignore_index", -100)
+        per_target = weight[targets.clamp(min=0)] if weight is not None else kept.double()
+        total += summed(outputs, targets).item()
+        divisor += (per_target.double() * kept).sum().item()
+        correct += (outputs.argmax(dim=-1) == targets)[kept].sum().item()
+        count += int(kept.sum())
+    return total / divisor, correct / count
 
 
 def evaluate_clearing_the_hooks(model, loader, loss_fn, device):
@@ -263,24 +356,30 @@ def evaluate_on_a_copy(model, loader, loss_fn, device):
 
 
 def evaluate_summing_with_a_copy_of_the_loss(model, loader, loss_fn, device):
-    """`reduction="sum"` on a copy of the loss, divided by the number of examples."""
+    """`reduction="sum"` on a copy of the loss, divided by the total weight of the counted
+    targets, worked out from the class weights as a lookup table."""
     import copy
 
     summing = copy.copy(loss_fn)
     summing.reduction = "sum"
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
-    total, correct, count = 0.0, 0, 0
+    total, divisor, correct, count = 0.0, 0.0, 0, 0
     with torch.inference_mode():
         for inputs, targets in loader:
             inputs, targets = inputs.to(device), targets.to(device)
             outputs = model(inputs)
             total += summing(outputs, targets).item()
-            correct += int((outputs.argmax(-1) == targets).sum())
-            count += targets.numel()
+            ignored = getattr(loss_fn, "ignore_index", None)
+            weights = getattr(loss_fn, "weight", None)
+            for target, hit in zip(targets.tolist(), (outputs.argmax(-1) == targets).tolist()):
+                if target != ignored:
+                    divisor += weights[target].item() if weights is not None else 1
+                    correct += hit
+                    count += 1
     for m, training in modes:
         m.training = training
-    return total / count, correct / count
+    return total / divisor, correct / count
 
 
 def evaluate_in_one_forward(model, loader, loss_fn, device):
@@ -308,9 +407,10 @@ def test_evaluate_accepts_other_correct_answers(answer):
 
 def test_evaluate_must_use_loss_fn_whatever_loss_it_is():
     def assumes_cross_entropy(model, loader, loss_fn, device):
-        smoothing = getattr(loss_fn, "label_smoothing", 0.0)
-        cross_entropy = lambda out, y: torch.nn.functional.cross_entropy(
-            out, y, label_smoothing=smoothing
+        cross_entropy = torch.nn.CrossEntropyLoss(
+            weight=getattr(loss_fn, "weight", None),
+            ignore_index=getattr(loss_fn, "ignore_index", -100),
+            label_smoothing=getattr(loss_fn, "label_smoothing", 0.0),
         )
         return copied(evaluation.evaluate)(model, loader, cross_entropy, device)
 

@@ -70,18 +70,67 @@ def test_grad_norm_accepts_correct_answers_in_any_style(answer):
     ch07.check_grad_norm(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch07.GRAD_NORM_MISTAKES, ids=range(7))
+@pytest.mark.parametrize(
+    "message,wrong", ch07.GRAD_NORM_MISTAKES, ids=range(len(ch07.GRAD_NORM_MISTAKES))
+)
 def test_grad_norm_visible_cases_already_catch_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch07.check_grad_norm(wrong)
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize("message,wrong", ch07.GRAD_NORM_MISTAKES, ids=range(7))
+@pytest.mark.parametrize(
+    "message,wrong", ch07.GRAD_NORM_MISTAKES, ids=range(len(ch07.GRAD_NORM_MISTAKES))
+)
 def test_grad_norm_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch07.check_grad_norm(wrong, thorough=True)
     assert message in str(caught.value)
+
+
+def state_dict_grad_norm(model):
+    grads = [p.grad for p in model.state_dict(keep_vars=True).values() if p.grad is not None]
+    return math.sqrt(sum(g.pow(2).sum().item() for g in grads))
+
+
+def per_module_grad_norm(model):
+    total = 0.0
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if p.grad is not None:
+                total += p.grad.pow(2).sum().item()
+    return math.sqrt(total)
+
+
+def unique_by_storage(model):
+    seen, total = set(), 0.0
+    for p in model.parameters():
+        if p.grad is not None and p.grad.untyped_storage().data_ptr() not in seen:
+            seen.add(p.grad.untyped_storage().data_ptr())
+            total += p.grad.pow(2).sum().item()
+    return math.sqrt(total)
+
+
+def unique_by_value(model):
+    norms = {round(p.grad.norm().item(), 6) for p in model.parameters() if p.grad is not None}
+    return math.sqrt(sum(n * n for n in norms))
+
+
+@pytest.mark.parametrize(
+    "wrong,named",
+    [
+        (state_dict_grad_norm, "a weight shared by two layers was counted twice"),
+        (per_module_grad_norm, "a weight shared by two layers was counted twice"),
+        (unique_by_value, "gradients have the same value were counted once"),
+    ],
+)
+def test_grad_norm_counts_each_parameter_once_by_identity(wrong, named):
+    with pytest.raises(Mistake, match=named):
+        ch07.check_grad_norm(wrong)
+
+
+def test_grad_norm_de_duplicated_by_the_gradient_storage_is_right():
+    ch07.check_grad_norm(unique_by_storage, thorough=True)
 
 
 def test_grad_norm_that_trips_on_a_missing_gradient_is_told_why():

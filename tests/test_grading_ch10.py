@@ -15,7 +15,7 @@ def one_backward_accumulate(model, optimizer, loss_fn, micro_batches, max_grad_n
     mean = 0.0
     for x, y in micro_batches:
         share = x.shape[0] / total
-        loss = loss_fn(model.forward(x), y)
+        loss = loss_fn(model(x), y)
         (share * loss).backward()
         mean += share * float(loss)
     if max_grad_norm:
@@ -30,7 +30,9 @@ def test_accumulate_accepts_correct_answers(answer):
     ch10.check_accumulate_step(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch10.ACCUMULATE_MISTAKES, ids=range(5))
+@pytest.mark.parametrize(
+    "message,wrong", ch10.ACCUMULATE_MISTAKES, ids=range(len(ch10.ACCUMULATE_MISTAKES))
+)
 def test_accumulate_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch10.check_accumulate_step(wrong)
@@ -58,7 +60,65 @@ def test_amp_accepts_correct_answers(answer):
     ch10.check_amp_step(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch10.AMP_MISTAKES, ids=range(4))
+def accumulate_in_eval_mode(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    model.eval()  # "to make the micro-batches deterministic"
+    optimizer.zero_grad()
+    total = sum(len(x) for x, _ in micro_batches)
+    mean = 0.0
+    for x, y in micro_batches:
+        loss = loss_fn(model(x), y) * len(x) / total
+        loss.backward()
+        mean += loss.item()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    model.train()
+    return mean
+
+
+def accumulate_calling_forward(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    optimizer.zero_grad()
+    total = sum(len(x) for x, _ in micro_batches)
+    mean = 0.0
+    for x, y in micro_batches:
+        loss = loss_fn(model.forward(x), y) * len(x) / total
+        loss.backward()
+        mean += loss.item()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return mean
+
+
+def amp_calling_forward(model, optimizer, loss_fn, x, y, scaler=None):
+    optimizer.zero_grad()
+    dtype = torch.bfloat16 if x.device.type == "cpu" else torch.float16
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = loss_fn(model.forward(x), y)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return loss.item()
+
+
+@pytest.mark.parametrize(
+    "check,wrong,named",
+    [
+        (ch10.check_accumulate_step, accumulate_in_eval_mode, "ran in eval mode"),
+        (ch10.check_accumulate_step, accumulate_calling_forward, "skips the model's hooks"),
+        (ch10.check_amp_step, amp_calling_forward, "skips the model's hooks"),
+    ],
+)
+def test_steps_in_eval_mode_or_without_hooks_are_named(check, wrong, named):
+    with pytest.raises(Mistake, match=named):
+        check(wrong)
+
+
+@pytest.mark.parametrize("message,wrong", ch10.AMP_MISTAKES, ids=range(len(ch10.AMP_MISTAKES)))
 def test_amp_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch10.check_amp_step(wrong, thorough=True)

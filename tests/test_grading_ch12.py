@@ -182,6 +182,55 @@ def test_capstone_refuses_a_loop_with_an_optimizer_of_its_own():
     assert "built an optimizer of its own" in str(caught.value)
 
 
+def zero_grad_between_backward_and_step(model, optimizer, loss_fn, train_loader, val_loader,
+                                        epochs, device):  # fmt: skip
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            loss = loss_fn(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.zero_grad()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for x, _ in val_loader:
+                model(x.to(device))
+
+
+def return_inside_the_epoch_loop(model, optimizer, loss_fn, train_loader, val_loader, epochs,
+                                 device):  # fmt: skip
+    model.to(device)
+    history = []
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss = loss_fn(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            correct = sum(
+                (model(x.to(device)).argmax(1) == y.to(device)).sum().item() for x, y in val_loader
+            )
+        history.append(correct)
+        return history
+
+
+@pytest.mark.parametrize(
+    "wrong,named,not_named",
+    [
+        (zero_grad_between_backward_and_step, r"sits between `loss\.backward\(\)`", "built again"),
+        (return_inside_the_epoch_loop, "returned after its first epoch", "missing_zero_grad"),
+    ],
+)
+def test_capstone_names_the_order_and_indentation_slips(wrong, named, not_named):
+    with pytest.raises(Mistake, match=named) as caught:
+        ch12.check_capstone(wrong)
+    assert not_named not in str(caught.value)
+
+
 def test_capstone_hints_name_only_the_mistake_that_was_made():
     def returns_after_one_epoch(model, optimizer, loss_fn, train_loader, val_loader, epochs,
                                 device):  # fmt: skip

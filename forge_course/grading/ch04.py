@@ -173,6 +173,33 @@ def _returns_tensor(model, optimizer, loss_fn, x, y):
     return loss
 
 
+def _forward_skips_hooks(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    loss = loss_fn(model.forward(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _eval_mode_step(model, optimizer, loss_fn, x, y):
+    model.eval()
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    model.train()
+    return loss.item()
+
+
+def _forward_twice(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    logged = loss_fn(model(x), y).item()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return logged
+
+
 TRAIN_STEP_MISTAKES = [
     (
         "`optimizer.zero_grad()` is missing: `.grad` still holds the first batch's gradient, so "
@@ -189,6 +216,23 @@ TRAIN_STEP_MISTAKES = [
         "the function returns the loss *tensor*. Return `loss.item()`, a plain number: a "
         "caller that keeps the tensor keeps its autograd nodes alive, and on a GPU its memory.",
         _returns_tensor,
+    ),
+    (
+        "`model.forward(x)` skips the model's hooks (this model has a forward hook that changes "
+        "its output). Call the model itself, `model(x)`: `__call__` runs the hooks around "
+        "`forward`.",
+        _forward_skips_hooks,
+    ),
+    (
+        "the forward ran in eval mode (dropout off, batch norm on its running statistics). A "
+        "training step runs the model in the mode its caller set: no `model.eval()` in it.",
+        _eval_mode_step,
+    ),
+    (
+        "the model ran forward twice in one step (once for the number returned, once for "
+        "backward): the second forward drew new dropout masks and moved batch norm's running "
+        "statistics again. One forward per step; return that loss's `.item()`.",
+        _forward_twice,
     ),
 ]
 

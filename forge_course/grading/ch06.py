@@ -15,6 +15,7 @@ grad mode, the loss function's settings, and whether those instruments are intac
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -84,15 +85,18 @@ def _evaluate_case(i: int, device: str, seed: int, **overrides) -> dict:
 def evaluate_cases(thorough: bool = False) -> list[dict]:
     """From train mode, from eval mode, with a frozen batch norm; uneven last batches.
 
+    Visible and thorough: a class-weighted cross-entropy whose first batch is all ignored
+    targets, so the mean must be the sums over the total weight of the counted targets.
     Thorough: on every device, with new seeds, a label-smoothed loss and a multi-class margin
-    loss (so the loss must come from ``loss_fn``), float64, a one-example last batch and a
-    single full batch.
+    loss (so the loss must come from ``loss_fn``), class weights and ignored targets apart,
+    float64, a one-example last batch and a single full batch.
     """
     if not thorough:
         return [
             _evaluate_case(0, "cpu", 0),
             _evaluate_case(1, "cpu", 0, start="eval", n=23, batch=8),
             _evaluate_case(2, "cpu", 0, start="frozen_bn"),
+            _evaluate_case(3, "cpu", 0, n=18, batch=5, loss="ce_weighted_ignore"),
         ]
     seed, cases = grading_seed(), []
     for d, device in enumerate(available_devices()):
@@ -103,6 +107,9 @@ def evaluate_cases(thorough: bool = False) -> list[dict]:
             {"start": "frozen_bn", "n": 20, "batch": 6},
             {"model": "dropout", "n": 9, "batch": 4, "loss": "ce_smooth", "dtype": wide},
             {"model": "dropout", "start": "eval", "n": 12, "batch": 12},
+            {"n": 17, "batch": 4, "loss": "ce_weighted"},
+            {"start": "eval", "n": 21, "batch": 6, "loss": "ce_ignore", "dtype": wide},
+            {"n": 26, "batch": 8, "loss": "ce_weighted_ignore"},
         ]
         cases += [
             _evaluate_case(10 * d + i, str(device), seed, **variant)
@@ -111,27 +118,86 @@ def evaluate_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _weighted(model, loader, loss_fn, device, per_batch=False, item=True, sums=False):
-    """The loop body the known mistakes share: sums weighted by batch size, or batch means.
-
-    ``sums``: ``loss_fn`` already returns the batch's sum (its ``reduction`` is "sum").
-    """
-    total_loss = correct = count = 0
+def _weighted(model, loader, loss_fn, device, per_batch=False, item=True, by_size=False):
+    """The loop body the known mistakes share: the whole set's mean (sums over what the loss
+    divides by), or the mean of the batch means (``per_batch``), or the batch means weighted by
+    the batch size (``by_size``); ``item=False`` keeps tensors."""
+    summed = copy.copy(loss_fn)
+    summed.reduction = "sum"
+    total_loss = total_weight = correct = count = 0
     batch_losses, batch_accuracies = [], []
     for inputs, targets in loader:
         inputs, targets = inputs.to(device), targets.to(device)
         outputs = model(inputs)
-        loss = loss_fn(outputs, targets) / (targets.numel() if sums else 1)
-        hits = (outputs.argmax(dim=-1) == targets).sum()
-        n = targets.numel()
-        batch_losses.append(loss.item())
-        batch_accuracies.append(hits.item() / n)
-        total_loss = total_loss + (loss.item() if item else loss.detach()) * n
+        mask, weight = ref.counted(loss_fn, targets)
+        if by_size:
+            mask, weight = torch.ones_like(mask), torch.tensor(targets.numel())
+            loss = loss_fn(outputs, targets) * targets.numel()
+        else:
+            loss = summed(outputs, targets)
+        hits = (outputs.argmax(dim=-1) == targets)[mask].sum()
+        batch_losses.append(loss_fn(outputs, targets).item())
+        batch_accuracies.append(hits.item() / max(int(mask.sum()), 1))
+        total_loss = total_loss + (loss.item() if item else loss.detach())
+        total_weight = total_weight + (weight.item() if item else weight)
         correct = correct + (hits.item() if item else hits)
-        count += n
+        count += int(mask.sum())
     if per_batch:
         return sum(batch_losses) / len(batch_losses), sum(batch_accuracies) / len(batch_accuracies)
-    return total_loss / count, correct / count
+    return total_loss / total_weight, correct / count
+
+
+def _evaluate_by_batch_size(model, loader, loss_fn, device):
+    """Batch means weighted by the batch size, accuracy over every target: right only when
+    every example counts once."""
+    with _each_module_restored(model), torch.no_grad():
+        return _weighted(model, loader, loss_fn, device, by_size=True)
+
+
+def _evaluate_sums_over_examples(model, loader, loss_fn, device):
+    """The sums of reduction="sum", divided by the number of counted targets, unweighted."""
+    summed = copy.copy(loss_fn)
+    summed.reduction = "sum"
+    total = correct = count = 0
+    with _each_module_restored(model), torch.no_grad():
+        for inputs, targets in loader:
+            inputs, targets = inputs.to(device), targets.to(device)
+            outputs = model(inputs)
+            mask, _ = ref.counted(loss_fn, targets)
+            total += summed(outputs, targets).item()
+            correct += (outputs.argmax(dim=-1) == targets)[mask].sum().item()
+            count += int(mask.sum())
+    return total / count, correct / count
+
+
+def _evaluate_divisor_from_the_mean(model, loader, loss_fn, device):
+    """What each batch's mean divides by, worked out as its sum over its mean."""
+    summed = copy.copy(loss_fn)
+    summed.reduction = "sum"
+    total = divisor = correct = count = 0
+    with _each_module_restored(model), torch.no_grad():
+        for inputs, targets in loader:
+            inputs, targets = inputs.to(device), targets.to(device)
+            outputs = model(inputs)
+            mask, _ = ref.counted(loss_fn, targets)
+            batch_sum = summed(outputs, targets).item()
+            total += batch_sum
+            divisor += batch_sum / loss_fn(outputs, targets).item()
+            correct += (outputs.argmax(dim=-1) == targets)[mask].sum().item()
+            count += int(mask.sum())
+    return total / divisor, correct / count
+
+
+def _evaluate_accuracy_counts_ignored(model, loader, loss_fn, device):
+    """The loss right; the accuracy divided by every target, ignored ones included."""
+    loss, _ = ref.evaluate.__wrapped__(model, loader, loss_fn, device)
+    correct = count = 0
+    with _each_module_restored(model), torch.no_grad():
+        for inputs, targets in loader:
+            outputs = model(inputs.to(device))
+            correct += (outputs.argmax(dim=-1) == targets.to(device)).sum().item()
+            count += targets.numel()
+    return loss, correct / count
 
 
 def _evaluate_no_eval(model, loader, loss_fn, device):
@@ -151,7 +217,7 @@ def _evaluate_batch_means(model, loader, loss_fn, device):
 
 def _evaluate_over_batches(model, loader, loss_fn, device):
     with _each_module_restored(model), torch.no_grad():
-        loss, accuracy = _weighted(model, loader, loss_fn, device)
+        loss, accuracy = _weighted(model, loader, loss_fn, device, by_size=True)
     count, batches = len(loader.dataset), len(loader)
     return loss * count / batches, accuracy * count / batches
 
@@ -205,7 +271,7 @@ def _evaluate_leaves_grad_off(model, loader, loss_fn, device):
 def _evaluate_leaves_sum_reduction(model, loader, loss_fn, device):
     loss_fn.reduction = "sum"
     with _each_module_restored(model), torch.no_grad():
-        return _weighted(model, loader, loss_fn, device, sums=True)
+        return _weighted(model, loader, loss_fn, device)
 
 
 def _evaluate_targets_stay(model, loader, loss_fn, device):
@@ -265,6 +331,34 @@ _GRAD_LEFT_OFF = (
 EVALUATE_MISTAKES = [
     (_NO_EVAL, _evaluate_no_eval),
     (
+        "each batch's mean was weighted by its number of targets. That is right only when "
+        "every target counts once in the mean; with class weights a batch's mean divides its "
+        "sum by the total `weight[t]` of its targets, and with `ignore_index` it leaves the "
+        "ignored ones out (a batch of nothing but ignored targets has a mean of nan). Add the "
+        "`reduction=\"sum\"` losses (from a copy of `loss_fn`) and what each batch divides by, "
+        "and divide once at the end.",
+        _evaluate_by_batch_size,
+    ),
+    (
+        "what each batch's mean divides by was worked out as its sum over its mean. A batch "
+        "whose targets are all ignored has a sum of 0 and a mean of nan (0 / 0), so the "
+        "result is nan. Work it out from the targets instead: the total `loss_fn.weight[t]` "
+        "of the targets `t` that are not `loss_fn.ignore_index`.",
+        _evaluate_divisor_from_the_mean,
+    ),
+    (
+        "the sums are divided by the number of targets, but a class-weighted cross-entropy "
+        "divides by their total class weight: add `loss_fn.weight[t]` over the counted targets "
+        "`t` of every batch and divide the summed loss by that.",
+        _evaluate_sums_over_examples,
+    ),
+    (
+        "the accuracy counts the ignored targets (`ignore_index`): they are padding, not "
+        "predictions. Count only the targets that are not `loss_fn.ignore_index`, in the "
+        "number correct and in the number of targets.",
+        _evaluate_accuracy_counts_ignored,
+    ),
+    (
         "autograd recorded a graph at every forward pass. `model.eval()` does not switch "
         "recording off: wrap the loop in `with torch.no_grad():` (or `torch.inference_mode()`).",
         _evaluate_no_no_grad,
@@ -310,6 +404,15 @@ EVALUATE_MISTAKES = [
     ),
 ]
 
+def _evaluate_raised(message: str, case: dict) -> str:
+    if "index -100 is out of bounds" not in message:
+        return ""
+    return (
+        "a target equal to `ignore_index` (-100) cannot index `loss_fn.weight`: leave the "
+        "ignored targets out first, `weight[targets[targets != loss_fn.ignore_index]]`."
+    )
+
+
 EVALUATE_EXERCISE = Exercise(
     grade_id=EVALUATE,
     function="evaluate",
@@ -319,9 +422,11 @@ EVALUATE_EXERCISE = Exercise(
     label=label_evaluate,
     mistakes=EVALUATE_MISTAKES,
     prepare=_refuse_tampering(EVALUATE, "evaluate", label_evaluate),
+    raised_hint=_evaluate_raised,
     hint="eval mode and no_grad around the loop; move the inputs and the targets to device; add "
-    "loss.item() * n and the number correct per batch; divide by the number of examples; put "
-    "each module's mode back as it was.",
+    'the reduction="sum" loss (of a copy of loss_fn) and what the batch mean divides by (the '
+    "class weight of the counted targets), and the number correct of the counted targets; "
+    "divide at the end; put each module's mode back as it was.",
 )
 check_evaluate = EVALUATE_EXERCISE.check
 

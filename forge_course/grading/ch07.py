@@ -105,6 +105,18 @@ def _returns_tensor(model):
     return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
 
 
+def _each_holder(model):
+    """Every place a parameter is held: a weight shared by two layers counts twice."""
+    grads = [p.grad for _, p in model.named_parameters(remove_duplicate=False)]
+    return math.sqrt(sum(float(g.pow(2).sum()) for g in grads if g is not None))
+
+
+def _once_per_value(model):
+    """De-duplicated by the gradient's value: distinct parameters with equal gradients merge."""
+    squares = {float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None}
+    return math.sqrt(sum(squares))
+
+
 def _clips(model):
     return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0))
 
@@ -143,6 +155,18 @@ GRAD_NORM_MISTAKES = [
         "effect. Measuring must not change what it measures: compute the norm yourself, or pass "
         "`max_norm=math.inf`.",
         _clips,
+    ),
+    (
+        "a weight shared by two layers was counted twice. It is one parameter with one `.grad`: "
+        "`model.parameters()` yields it once, while `named_parameters(remove_duplicate=False)`, "
+        "`state_dict(keep_vars=True)` or each module's own parameters yield it once per layer.",
+        _each_holder,
+    ),
+    (
+        "two parameters whose gradients have the same value were counted once. They are "
+        "different parameters: de-duplicate nothing beyond what `model.parameters()` does (it "
+        "drops a parameter held twice, by identity, never by value).",
+        _once_per_value,
     ),
 ]
 

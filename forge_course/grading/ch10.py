@@ -48,6 +48,16 @@ def _devices_and_seeds(thorough: bool):
 # ---------------------------------------------------------------- ch10_accumulate_step
 
 
+_FORWARD_SKIPS_HOOKS = (
+    "`model.forward(x)` skips the model's hooks (this model has a forward hook that changes its "
+    "output). Call the model itself, `model(x)`: `__call__` runs the hooks around `forward`."
+)
+_EVAL_MODE = (
+    "the forward passes ran in eval mode (dropout off). A training step runs the model in the "
+    "mode its caller set (train): no `model.eval()` in it."
+)
+
+
 def accumulate_cases(thorough: bool = False) -> list[dict]:
     """Uneven [6, 6, 6, 2] with and without clipping; thorough adds optimizers, dtypes, devices."""
     base = {"device": "cpu", "dtype": "float32", "optimizer": "momentum", "sizes": [6, 6, 6, 2]}
@@ -72,14 +82,16 @@ def accumulate_cases(thorough: bool = False) -> list[dict]:
     return cases
 
 
-def _wrong_accumulate(*, one_over_k=False, clip_each=False, zero_grad=True, plain_mean=False):
+def _wrong_accumulate(*, one_over_k=False, clip_each=False, zero_grad=True, plain_mean=False,
+                      forward=False, eval_mode=False):  # fmt: skip
     def wrong(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
         total = sum(len(x) for x, _ in micro_batches)
         if zero_grad:
             optimizer.zero_grad()
+        model.train(not eval_mode)
         losses, weighted = [], 0.0
         for x, y in micro_batches:
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(model.forward(x) if forward else model(x), y)
             weight = 1 / len(micro_batches) if one_over_k else len(x) / total
             (loss * weight).backward()
             if clip_each and max_grad_norm is not None:
@@ -89,6 +101,7 @@ def _wrong_accumulate(*, one_over_k=False, clip_each=False, zero_grad=True, plai
         if not clip_each and max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
+        model.train()
         return sum(losses) / len(losses) if plain_mean else weighted
 
     return wrong
@@ -135,6 +148,8 @@ ACCUMULATE_MISTAKES = [
         "turn and let `.grad` add up.",
         _concatenated,
     ),
+    (_FORWARD_SKIPS_HOOKS, _wrong_accumulate(forward=True)),
+    (_EVAL_MODE, _wrong_accumulate(eval_mode=True)),
 ]
 
 ACCUMULATE = Exercise(
@@ -201,13 +216,16 @@ def _bfloat16_on_a_gpu(observation, target, case: dict):
     return accepted
 
 
-def _wrong_amp(*, autocast=True, dtype=None, use_scaler=True, kind=None):
+def _wrong_amp(*, autocast=True, dtype=None, use_scaler=True, kind=None, forward=False,
+               eval_mode=False):  # fmt: skip
     def wrong(model, optimizer, loss_fn, x, y, scaler=None):
         optimizer.zero_grad()
         kind_used = kind or x.device.type
         low = dtype or (torch.bfloat16 if kind_used == "cpu" else torch.float16)
+        model.train(not eval_mode)
         with torch.autocast(kind_used, dtype=low, enabled=autocast):
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(model.forward(x) if forward else model(x), y)
+        model.train()
         if scaler is None or not use_scaler:
             loss.backward()
             optimizer.step()
@@ -244,6 +262,8 @@ AMP_MISTAKES = [
         "update when a gradient is inf or nan), then `scaler.update()`.",
         _wrong_amp(use_scaler=False),
     ),
+    (_FORWARD_SKIPS_HOOKS, _wrong_amp(forward=True)),
+    (_EVAL_MODE, _wrong_amp(eval_mode=True)),
 ]
 
 AMP = Exercise(

@@ -28,7 +28,8 @@ import random
 import torch
 
 from forge_course.device import available_devices, pick_device
-from forge_course.grading.core import Exercise, grading_seed
+from forge_course.grading.core import Exercise, explain, first_difference, grading_seed
+from forge_course.observe.common import INSTRUMENT_TAMPERED, Tampered
 from forge_course.observe.ch12 import FIT, SMOKE, label_fit, label_smoke, observe_fit, observe_smoke
 from forge_course.reference import capstone as ref
 
@@ -325,6 +326,34 @@ def _fit_no_validation(model, optimizer, loss_fn, train_loader, val_loader, epoc
     return model
 
 
+def _fit_zero_grad_before_step(model, optimizer, loss_fn, train_loader, val_loader, epochs,
+                               device):  # fmt: skip
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
+            loss_fn(model(x), y).backward()
+            optimizer.zero_grad()
+            optimizer.step()
+        _evaluate(model, val_loader, loss_fn, device)
+    return model
+
+
+def _fit_returns_in_the_loop(model, optimizer, loss_fn, train_loader, val_loader, epochs,
+                             device):  # fmt: skip
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        _evaluate(model, val_loader, loss_fn, device)
+        return model
+
+
 FIT_MISTAKES = [
     (
         "`missing_zero_grad`: `.grad` still held gradients an earlier update had applied. Call "
@@ -357,9 +386,53 @@ FIT_MISTAKES = [
         "(in eval mode, under `torch.no_grad()`), and put train mode back for the next epoch.",
         _fit_no_validation,
     ),
+    (
+        "`optimizer.zero_grad()` sits between `loss.backward()` and `optimizer.step()`: it "
+        "clears the gradients backward has just computed, so every step finds none and the "
+        "weights never move. Clear them before the forward pass (or after the step).",
+        _fit_zero_grad_before_step,
+    ),
+    (
+        "`fit` returned after its first epoch: the `return` is indented inside the epoch loop. "
+        "Return after the loop, once all `epochs` have run.",
+        _fit_returns_in_the_loop,
+    ),
 ]
 
-FIT_EXERCISE = Exercise(
+def _first_wrong_key(observed, want) -> str | None:
+    if not (isinstance(observed, dict) and isinstance(want, dict)):
+        return None
+    return next((k for k in want if first_difference(observed.get(k), want[k]) is not None), None)
+
+
+class _FirstDifferenceExercise(Exercise):
+    """An exercise whose known mistakes are named only when they go wrong first where the answer
+    does: the capstone's observations share keys (several mistakes miss the target accuracy),
+    so matching on the answer's first differing key alone would name a mistake that differs
+    from the reference earlier, somewhere the answer does not."""
+
+    def judge(self, case: dict, got) -> None:
+        __tracebackhide__ = True
+        for key, value in got.items() if isinstance(got, dict) else ():
+            if isinstance(value, str) and value == INSTRUMENT_TAMPERED:
+                raise Tampered(self.grade_id, f"Not graded: {key} was {value}.")
+        want = self.expected(case)
+        prepare = self.prepare or (lambda observation, target, case: observation)
+        got = prepare(got, want, case)
+        where = _first_wrong_key(got, want)
+        known = []
+        for i, (message, wrong) in enumerate(self.mistakes):
+            try:
+                seen = prepare(self._observed(f"mistake {i}", wrong, case), want, case)
+            except Exception:  # noqa: BLE001  (a wrong implementation that fails explains nothing)
+                continue
+            if first_difference(got, seen) is None or _first_wrong_key(seen, want) == where:
+                known.append((message, lambda seen=seen: seen))
+        explain(self.grade_id, got, want, case=self.label(case), known_mistakes=known,
+                hint=self.hint)  # fmt: skip
+
+
+FIT_EXERCISE = _FirstDifferenceExercise(
     grade_id=FIT,
     function="fit",
     reference=_reference_fit,

@@ -25,11 +25,19 @@ class Settings:
         model: the module the call receives (its modes, ``requires_grad`` flags and hooks are
             noted), or None.
         generator: whether advancing torch's global generator counts as a change (a step of a
-            model without dropout draws nothing from it; a load that restores it does).
+            model whose dropout draws from its own generator draws nothing from it; a load
+            that restores it does).
+        loss_fn: the loss function the call receives (its attributes, such as ``reduction``,
+            ``weight`` or ``ignore_index``, are noted), or None.
     """
 
-    def __init__(self, model: torch.nn.Module | None = None, generator: bool = True):
-        self.model, self.generator = model, generator
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        generator: bool = True,
+        loss_fn: object = None,
+    ):
+        self.model, self.generator, self.loss_fn = model, generator, loss_fn
         self.before = self._now()
 
     def _now(self) -> dict[str, object]:
@@ -52,6 +60,13 @@ class Settings:
             now[f"hooks on {where}"] = sum(len(h) for h in hooks)
             for key, p in module.named_parameters(recurse=False):
                 now[f"{where}.{key}.requires_grad"] = p.requires_grad
+        loss_fn = self.loss_fn
+        for key, value in vars(loss_fn).items() if loss_fn is not None else ():
+            if isinstance(value, (str, int, float, bool, type(None))) and key != "training":
+                now[f"loss_fn.{key}"] = value
+        if isinstance(loss_fn, torch.nn.Module):
+            for key, value in loss_fn.named_buffers():
+                now[f"loss_fn.{key}"] = value.detach().cpu().tolist()  # a class weight, say
         return now
 
     def changed(self) -> list[str]:
@@ -71,8 +86,9 @@ class Settings:
                 grade_id,
                 f"`{what}` left something changed behind it: {'; '.join(found)} ({case}). "
                 "Whatever a function switches for its own work (grad mode, autocast, a module's "
-                "mode, requires_grad, hooks, the default dtype, the global generator) it must "
-                "put back as it found it: every later cell would run changed.",
+                "mode, requires_grad, hooks, the loss function's settings, the default dtype, "
+                "the global generator) it must put back as it found it: every later cell would "
+                "run changed.",
             )
 
 
@@ -87,27 +103,88 @@ def _as_floats(value):
     return value
 
 
+class GraphRecorder:
+    """Counts the tensors autograd saves for a backward while it is entered: any at all means
+    the call recorded a graph, whatever turned grad mode back on inside it."""
+
+    def __init__(self):
+        self.saved = 0
+
+    def _pack(self, tensor):
+        self.saved += 1
+        return tensor
+
+    def __enter__(self):
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+
+
 def observe_hand_step(fn, case: dict) -> dict:
     """Call ``fn`` on a fresh copy of the case, with autograd off, and normalise the numbers."""
     args = copy.deepcopy(case)
-    # Autograd is switched off: the exercise is to find the gradients by hand.
-    with torch.no_grad():
+    # Autograd is switched off: the exercise is to find the gradients by hand. An answer that
+    # switches it back on (`torch.enable_grad()`) is caught by what autograd recorded.
+    with torch.no_grad(), GraphRecorder() as graph:
         out = call_answer(
             "ch04_hand_step", "hand_step", fn, args["W"], args["b"], args["x"], args["t"],
             args["lr"],
         )  # fmt: skip
+    if graph.saved:
+        raise Mistake(
+            "ch04_hand_step",
+            "`hand_step` used autograd: it switched grad mode back on and recorded a graph "
+            f"({graph.saved} tensors saved for a backward). Work the gradients out by hand, in "
+            "plain Python or NumPy: dL/dy = 2(y − t)/m, dL/dW = dL/dy ⊗ x, dL/db = dL/dy.",
+        )
     if not isinstance(out, dict):
         return {"returned": out}
     return {key: _as_floats(value) for key, value in out.items()}
+
+
+class OwnDropout(torch.nn.Module):
+    """Dropout whose masks come from its own generator, so that a step draws nothing from
+    torch's global one: the same masks whatever else the process drew, on every device."""
+
+    def __init__(self, p: float, seed: int):
+        super().__init__()
+        self.p, self.generator = p, torch.Generator().manual_seed(seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return x
+        keep = torch.rand(x.shape, generator=self.generator) >= self.p
+        return x * keep.to(x) / (1 - self.p)  # x's device and dtype
+
+
+def halve_output(module, inputs, output):
+    """The model's forward hook: it changes the output, so a forward that skips hooks shows."""
+    return output * 0.5
+
+
+def step_model(seed: int, device, dtype) -> torch.nn.Module:
+    """A small network that behaves differently in train and eval mode (dropout, batch norm)
+    and whose output a forward hook changes, in train mode, on ``device``."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8),
+        torch.nn.BatchNorm1d(8),
+        torch.nn.Tanh(),
+        OwnDropout(0.25, seed),
+        torch.nn.Linear(8, 3),
+    )
+    model.register_forward_hook(halve_output)
+    return model.to(device=device, dtype=dtype).train()
 
 
 def _build(case: dict):
     """A fresh seeded model, optimizer, loss and two batches for a train_step case."""
     device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
     gen = torch.Generator().manual_seed(case["seed"])
-    torch.manual_seed(case["seed"])
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    model = model.to(device=device, dtype=dtype)
+    model = step_model(case["seed"], device, dtype)
     params = model.parameters()
     optimizer = {
         "sgd": lambda: torch.optim.SGD(params, lr=0.1),
@@ -135,11 +212,11 @@ def label_train_step(case: dict) -> str:
 
 
 def observe_train_step(fn, case: dict) -> dict:
-    """Two calls on two batches; what each returned and every parameter after each."""
+    """Two calls on two batches; what each returned, every parameter and buffer after each."""
     model, optimizer, loss_fn, batches = _build(case)
     seen = {}
     for call, (x, y) in enumerate(batches, start=1):
-        settings = Settings(model)
+        settings = Settings(model, loss_fn=loss_fn)
         returned = call_answer(
             "ch04_train_step", "train_step", fn, model, optimizer, loss_fn, x, y,
             case=label_train_step(case),
@@ -147,6 +224,10 @@ def observe_train_step(fn, case: dict) -> dict:
         seen[f"the value returned by call {call}"] = _plain(returned)
         seen[f"the parameters after call {call}"] = {
             name: p.detach().clone() for name, p in model.named_parameters()
+        }
+        # Batch norm's running statistics: a step updates them once, in train mode.
+        seen[f"the buffers after call {call}"] = {
+            name: b.detach().clone() for name, b in model.named_buffers()
         }
         settings.check("ch04_train_step", "train_step", label_train_step(case))
     return seen

@@ -213,11 +213,14 @@ class _Watch:
     def loss_settings(self) -> dict:
         if self.loss_fn is None:
             return {}
-        return {
+        settings = {
             key: value
             for key, value in sorted(vars(self.loss_fn).items())
             if type(value) in (str, int, float, bool) and key != "training"
         }
+        for key, value in self.loss_fn.named_buffers():  # a class weight
+            settings[key] = _plain(value)
+        return settings
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor | None:
@@ -306,11 +309,39 @@ def _start_label(case: dict) -> str:
 
 # ---------------------------------------------------------------- ch06_evaluate
 
+IGNORED = -100  # CrossEntropyLoss's default ignore_index, as padding would be
+CLASS_WEIGHT = [1.0, 3.0, 0.5, 2.0]
+
+# name -> (how a label shows it, make(class weight tensor) -> the loss)
 _LOSSES = {
-    "ce": ("", lambda: nn.CrossEntropyLoss()),
-    "ce_smooth": (", label smoothing 0.1", lambda: nn.CrossEntropyLoss(label_smoothing=0.1)),
-    "margin": (", MultiMarginLoss", lambda: nn.MultiMarginLoss()),
+    "ce": ("", lambda weight: nn.CrossEntropyLoss()),
+    "ce_smooth": (", label smoothing 0.1", lambda weight: nn.CrossEntropyLoss(label_smoothing=0.1)),
+    "margin": (", MultiMarginLoss", lambda weight: nn.MultiMarginLoss()),
+    "ce_weighted": (
+        f", CrossEntropyLoss with class weights {CLASS_WEIGHT}",
+        lambda weight: nn.CrossEntropyLoss(weight=weight),
+    ),
+    "ce_ignore": (
+        f", targets {IGNORED} (ignored) in the whole first batch and here and there",
+        lambda weight: nn.CrossEntropyLoss(),
+    ),
+    "ce_weighted_ignore": (
+        f", class weights {CLASS_WEIGHT}, targets {IGNORED} (ignored) in the whole first batch "
+        "and here and there",
+        lambda weight: nn.CrossEntropyLoss(weight=weight),
+    ),
 }
+
+
+def _ignore_some(targets: torch.Tensor, case: dict, gen: torch.Generator) -> torch.Tensor:
+    """Padding, as a sequence model's loader yields it: the first batch is all padding (its
+    mean is nan, its sum 0) and about one target in four of the others."""
+    if "ignore" not in case["loss"]:
+        return targets
+    targets = targets.clone()
+    targets[torch.rand(targets.shape, generator=gen) < 0.25] = IGNORED
+    targets[: case["batch"]] = IGNORED
+    return targets
 
 
 def label_evaluate(case: dict) -> str:
@@ -337,12 +368,13 @@ def observe_evaluate(fn, case: dict) -> dict:
         gen = torch.Generator().manual_seed(case["seed"] + 1)
         dtype = getattr(torch, case["dtype"])
         inputs = 1.5 * torch.randn(case["n"], FEATURES, generator=gen, dtype=dtype) + 0.3
-        targets = torch.randint(0, CLASSES, (case["n"],), generator=gen)
+        targets = _ignore_some(torch.randint(0, CLASSES, (case["n"],), generator=gen), case, gen)
         collate, arriving = _arrival_collate(used, roles)
         loader = DataLoader(
             TensorDataset(inputs, targets), batch_size=case["batch"], collate_fn=collate
         )
-        loss_fn = _LOSSES[case["loss"]][1]()
+        weight = torch.tensor(CLASS_WEIGHT, dtype=dtype, device=torch.device(case["device"]))
+        loss_fn = _LOSSES[case["loss"]][1](weight)
         watch = _Watch(model, loss_fn, [*layers.values(), *arriving])
         calls.clear()
         # Dropout draws from here: a wrong answer that leaves dropout on is reproducible.

@@ -26,6 +26,27 @@ class _TwoBranch(nn.Module):
         return self.used(x)
 
 
+class _Twins(nn.Module):
+    """Two branches built alike and summed: two distinct parameters with equal gradients."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = nn.Linear(4, 3)
+        self.right = nn.Linear(4, 3)
+        self.right.load_state_dict(self.left.state_dict())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.left(x) + self.right(x)
+
+
+def _tied() -> nn.Module:
+    """An encoder and a decoder that share one weight, as tied embeddings do: one parameter
+    held by two layers (``model.parameters()`` yields it once)."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4, bias=False))
+    model[2].weight = model[0].weight
+    return model
+
+
 #: Each kind of model a grad_norm case builds, in a few words for messages.
 GRAD_MODELS = {
     "mlp": "an MLP after one backward",
@@ -34,6 +55,8 @@ GRAD_MODELS = {
     "no_backward": "a model before any backward",
     "accumulated": "an MLP after two backward calls",
     "zeroed": "an MLP whose first layer's .grad was zeroed in place",
+    "tied": "a model whose two layers share one weight",
+    "twins": "a model with two parameters whose gradients are equal",
 }
 
 
@@ -48,6 +71,10 @@ def _grad_model(case: dict) -> nn.Module:
     kind = case["model"]
     if kind == "unused":
         model = _TwoBranch()
+    elif kind == "tied":
+        model = _tied()
+    elif kind == "twins":
+        model = _Twins()
     else:
         model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
     model = model.to(device=device, dtype=dtype)
@@ -56,7 +83,7 @@ def _grad_model(case: dict) -> nn.Module:
     gen = torch.Generator().manual_seed(case["seed"])
     for _ in range({"no_backward": 0, "accumulated": 2}.get(kind, 1)):
         x = torch.randn(6, 4, generator=gen, dtype=dtype).to(device)
-        y = torch.randint(0, 3, (6,), generator=gen).to(device)
+        y = torch.randint(0, 3 if kind != "tied" else 4, (6,), generator=gen).to(device)
         # Scaled so that the norm is above 1: an answer that clips to 1.0 shows it.
         (5 * nn.functional.cross_entropy(model(x), y)).backward()
     if kind == "zeroed":

@@ -22,7 +22,7 @@ import warnings
 import torch
 from torch import nn
 
-from forge_course.observe.ch04 import Settings
+from forge_course.observe.ch04 import OwnDropout, Settings, halve_output
 from forge_course.observe.common import INSTRUMENT_TAMPERED, Mistake, call_answer
 
 ACCUMULATE, AMP, CHECKPOINTED = (
@@ -81,7 +81,11 @@ def label_accumulate(case: dict) -> str:
 def _accumulate_setup(case: dict):
     device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
     torch.manual_seed(case["seed"])
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    # Dropout and a forward hook: a step in eval mode, or one that calls `model.forward`, shows.
+    model = nn.Sequential(
+        nn.Linear(4, 8), nn.Tanh(), OwnDropout(0.25, case["seed"]), nn.Linear(8, 2)
+    )
+    model.register_forward_hook(halve_output)
     model = model.to(device=device, dtype=dtype)
     params = model.parameters()
     optimizer = {
@@ -170,7 +174,11 @@ def observe_amp_step(fn, case: dict) -> dict:
     """Two steps: the model's output dtype, the returned loss, the parameters, the scale."""
     device = torch.device(case["device"])
     torch.manual_seed(case["seed"])
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), OwnDropout(0.25, case["seed"]), nn.Linear(16, 3)
+    )
+    model.register_forward_hook(halve_output)
+    model = model.to(device)
     params = model.parameters()
     optimizer = {
         "momentum": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),

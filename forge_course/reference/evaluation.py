@@ -12,16 +12,20 @@ right or quietly wrong:
 2. **No graph.** Under ``torch.no_grad()`` autograd records nothing, so the activations that
    ``backward`` would need are not stored. ``torch.inference_mode()`` goes a step further: its
    tensors can never join a graph later, which lets PyTorch skip some bookkeeping.
-3. **Weighted means.** With ``reduction="mean"`` each batch's loss is a mean over that batch.
-   Averaging those means over-weights a short last batch (10 examples in batches of 4 give means
-   over 4, 4 and 2), so each batch mean is multiplied back by its size and the sum divided by
-   the number of examples. That holds when every example counts once in its batch's mean; a
-   class-weighted or ``ignore_index`` loss divides by the weight of the targets it counts, and
-   its dataset mean is the sum of ``reduction="sum"`` losses over that total weight instead.
+3. **The whole set's mean.** The mean loss is what ``loss_fn`` would give on every example at
+   once, as one batch. With ``reduction="mean"`` a batch's loss is its sum divided by what the
+   loss counts in it, and averaging those means over-weights a short last batch (10 examples in
+   batches of 4 give means over 4, 4 and 2). So add up each batch's ``reduction="sum"`` loss
+   and what the loss divides by, and divide once at the end. What it divides by: for
+   ``CrossEntropyLoss`` (and ``NLLLoss``) the total class weight ``weight[t]`` of the targets
+   ``t`` that are not ``ignore_index`` (their number, without ``weight``); for every other loss
+   the number of targets. When every example counts once, that is the batch size, and the sum
+   is the batch mean times the batch size.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
@@ -29,7 +33,7 @@ import torch
 
 from forge_course.reference.guard import reference
 
-__all__ = ["evaluate", "predict"]
+__all__ = ["counted", "evaluate", "predict"]
 
 
 @contextmanager
@@ -45,11 +49,28 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
             module.training = training
 
 
+def counted(loss_fn: Callable, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which targets ``loss_fn`` counts (a bool mask) and what its mean divides their sum by.
+
+    ``CrossEntropyLoss`` and ``NLLLoss`` skip targets equal to ``ignore_index`` and weigh each
+    counted target ``t`` by ``weight[t]``; every other loss counts each target once.
+    """
+    mask = torch.ones_like(targets, dtype=torch.bool)
+    if not isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
+        return mask, mask.sum()
+    if targets.is_floating_point():  # class probabilities: every row counts once
+        return mask, mask.sum()
+    mask = targets != loss_fn.ignore_index
+    if loss_fn.weight is None:
+        return mask, mask.sum()
+    return mask, loss_fn.weight[targets[mask]].sum()
+
+
 @reference
 def evaluate(
     model: torch.nn.Module,
     loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    loss_fn: torch.nn.Module,
     device: torch.device | str,
 ) -> tuple[float, float]:
     """The mean loss and the accuracy of ``model`` over every example in ``loader``.
@@ -58,36 +79,37 @@ def evaluate(
         model: a classifier already on ``device``, returning ``[..., classes]`` scores.
         loader: yields ``(inputs, targets)`` batches; ``targets`` hold one class index per
             prediction (``[B]`` for ``[B, classes]`` outputs). Batches may differ in size.
-        loss_fn: a loss whose value is the mean over the batch with every example counting
-            once (``reduction="mean"``, no class ``weight``, no ``ignore_index``), such as
-            ``torch.nn.CrossEntropyLoss()`` (label smoothing allowed) or
-            ``torch.nn.MultiMarginLoss()``. With class weights or ignored targets the batch
-            mean divides by their total weight or count instead, and weighing it by the batch
-            size would be wrong. Its settings are left as they are.
+        loss_fn: one of torch's loss modules with ``reduction="mean"``, such as
+            ``CrossEntropyLoss`` (with class ``weight``, ``ignore_index`` or label smoothing)
+            or ``MultiMarginLoss``. Its settings are left as they are: the sums come from a
+            copy of it with ``reduction="sum"``.
         device: where each batch is moved before the forward pass.
 
     Returns:
-        ``(mean_loss, accuracy)`` as Python floats: the loss averaged over all predictions
-        (not over batches), and the fraction of predictions whose highest score is the target.
+        ``(mean_loss, accuracy)`` as Python floats. ``mean_loss`` is what ``loss_fn`` gives on
+        all the examples as one batch: the sum of the batches' ``reduction="sum"`` losses over
+        the sum of what each batch's mean divides by (`counted`). ``accuracy`` is the fraction
+        of counted targets (those not ``ignore_index``) whose highest score is the target.
 
     Raises:
-        ValueError: if the loader yields no batch.
+        ValueError: if the loader yields no counted target.
     """
-    total_loss = 0.0
-    correct = 0
-    count = 0
+    summed = copy.copy(loss_fn)  # a shallow copy: the caller's loss keeps its own reduction
+    summed.reduction = "sum"
+    total_loss = total_weight = 0.0
+    correct = count = 0
     with _eval_mode(model), torch.no_grad():
         for inputs, targets in loader:
             inputs, targets = inputs.to(device), targets.to(device)
             outputs = model(inputs)
-            n = targets.numel()
-            # The loss is a mean over this batch: weigh it by the batch's size.
-            total_loss += loss_fn(outputs, targets).item() * n
-            correct += (outputs.argmax(dim=-1) == targets).sum().item()
-            count += n
+            mask, weight = counted(loss_fn, targets)
+            total_loss += summed(outputs, targets).item()
+            total_weight += weight.item()
+            correct += (outputs.argmax(dim=-1) == targets)[mask].sum().item()
+            count += int(mask.sum().item())
     if count == 0:
-        raise ValueError("The loader yielded no examples, so there is nothing to average.")
-    return total_loss / count, correct / count
+        raise ValueError("The loader yielded no counted target, so there is nothing to average.")
+    return total_loss / total_weight, correct / count
 
 
 @reference

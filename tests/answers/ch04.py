@@ -37,6 +37,22 @@ def hand_step(W, b, x, t, lr):
                 dL_db=grad_y.copy(), W_new=W - lr * grad_W, b_new=b - lr * grad_y)
 """
 
+HAND_STEP_ENABLE_GRAD = """
+import torch
+
+def hand_step(W, b, x, t, lr):
+    with torch.enable_grad():
+        W = torch.tensor(W, requires_grad=True)
+        b = torch.tensor(b, requires_grad=True)
+        y = W @ torch.tensor(x) + b
+        y.retain_grad()
+        loss = ((y - torch.tensor(t)) ** 2).mean()
+        loss.backward()
+    return {"y": y.tolist(), "loss": loss.item(), "dL_dy": y.grad.tolist(),
+            "dL_dW": W.grad.tolist(), "dL_db": b.grad.tolist(),
+            "W_new": (W - lr * W.grad).tolist(), "b_new": (b - lr * b.grad).tolist()}
+"""
+
 TRAIN_STEP_NO_ZERO_GRAD = """
 def train_step(model, optimizer, loss_fn, x, y):
     loss = loss_fn(model(x), y)
@@ -63,6 +79,26 @@ def train_step(model, optimizer, loss_fn, x, y):
     return loss
 """
 
+TRAIN_STEP_EVAL_MODE = """
+def train_step(model, optimizer, loss_fn, x, y):
+    model.eval()
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    model.train()
+    return loss.item()
+"""
+
+TRAIN_STEP_CALLS_FORWARD = """
+def train_step(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    loss = loss_fn(model.forward(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+"""
+
 TRAIN_STEP_ZERO_GRAD_LAST = """
 def train_step(model, optimizer, loss_fn, x, y):
     prediction = model(x)
@@ -79,11 +115,14 @@ WRONG = {
     "ch04_hand_step": [
         (HAND_STEP_NO_MEAN, {"ch04_hand_step_tests": "Without the 1/m"}),
         (HAND_STEP_WRONG_SIGN, {"ch04_hand_step_tests": "SGD moves *against* the gradient"}),
+        (HAND_STEP_ENABLE_GRAD, {"ch04_hand_step_tests": "used autograd"}),
     ],
     "ch04_train_step": [
         (TRAIN_STEP_NO_ZERO_GRAD, {"ch04_train_step_tests": "`optimizer.zero_grad()` is missing"}),
         (TRAIN_STEP_STEP_FIRST, {"ch04_train_step_tests": "the parameters never move"}),
         (TRAIN_STEP_RETURNS_TENSOR, {"ch04_train_step_tests": "Return `loss.item()`"}),
+        (TRAIN_STEP_EVAL_MODE, {"ch04_train_step_tests": "the forward ran in eval mode"}),
+        (TRAIN_STEP_CALLS_FORWARD, {"ch04_train_step_tests": "skips the model's hooks"}),
     ],
     "ch04_questions": [
         (

@@ -63,25 +63,57 @@ def evaluate(model, loader, loss_fn, device):
     return total / count, correct / count
 """
 
+EVALUATE_BY_BATCH_SIZE = """
+def evaluate(model, loader, loss_fn, device):
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    total, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for inputs, targets in loader:
+            inputs, targets = inputs.to(device), targets.to(device)
+            outputs = model(inputs)
+            total += loss_fn(outputs, targets).item() * len(targets)
+            correct += (outputs.argmax(dim=-1) == targets).sum().item()
+            count += len(targets)
+    for m, training in modes.items():
+        m.training = training
+    return total / count, correct / count
+"""
+
 # Correct, but unlike the solution: inference_mode, tensors summed on the device and turned
-# into numbers once at the end, modes restored by train(flag) in parent-before-child order.
+# into numbers once at the end, the caller's reduction switched to "sum" and back, the weights
+# of the counted targets looked up with the ignored ones masked to 0, modes restored by
+# train(flag) in parent-before-child order.
 EVALUATE_ALTERNATIVE = """
 def evaluate(model, loader, loss_fn, device):
     previous = [(module, module.training) for module in model.modules()]
     model.train(False)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    weight_sum = torch.zeros((), dtype=torch.float64, device=device)
     hits = torch.zeros((), dtype=torch.int64, device=device)
     seen = 0
-    with torch.inference_mode():
-        for batch in loader:
-            inputs, targets = (t.to(device) for t in batch)
-            scores = model(inputs)
-            loss_sum += loss_fn(scores, targets).double() * targets.shape[0]
-            hits += torch.eq(scores.argmax(-1), targets).sum()
-            seen += targets.shape[0]
+    reduction, loss_fn.reduction = loss_fn.reduction, "sum"
+    try:
+        with torch.inference_mode():
+            for batch in loader:
+                inputs, targets = (t.to(device) for t in batch)
+                scores = model(inputs)
+                loss_sum += loss_fn(scores, targets).double()
+                keep = torch.ones_like(targets, dtype=torch.bool)
+                weights = keep.double()
+                if isinstance(loss_fn, torch.nn.CrossEntropyLoss):
+                    keep = targets != loss_fn.ignore_index
+                    if loss_fn.weight is not None:
+                        weights = loss_fn.weight[targets.clamp(min=0)].double()
+                    weights = weights * keep
+                weight_sum += weights.sum()
+                hits += (torch.eq(scores.argmax(-1), targets) & keep).sum()
+                seen += int(keep.sum())
+    finally:
+        loss_fn.reduction = reduction
     for module, training in previous:  # modules() lists parents first: each keeps its own flag
         module.train(training)
-    return float(loss_sum / seen), float(hits) / seen
+    return float(loss_sum / weight_sum), float(hits) / seen
 """
 
 PREDICT_NO_GRAD = """
@@ -149,6 +181,7 @@ WRONG = {
         (EVALUATE_BATCH_MEANS, {"ch06_evaluate_tests": "weigh each batch's mean by its size"}),
         (EVALUATE_ALWAYS_TRAIN, {"ch06_evaluate_tests": "Calling `model.train()` at the end"}),
         (EVALUATE_NO_NO_GRAD, {"ch06_evaluate_tests": "does not switch recording off"}),
+        (EVALUATE_BY_BATCH_SIZE, {"ch06_evaluate_tests": "weighted by its number of targets"}),
     ],
     "ch06_predict": [
         (PREDICT_NO_GRAD, {"ch06_predict_tests": "asks for `torch.inference_mode()`"}),

@@ -122,11 +122,23 @@ def _labels(**changes):
 
 # For each solution cell: the wrong answers, each with the test cells it must fail and a phrase
 # their feedback must contain. Submission k takes the k-th wrong answer of every cell.
+GRAD_NORM_STATE_DICT = """
+import math
+
+def grad_norm(model):
+    total = 0.0
+    for name, p in model.state_dict(keep_vars=True).items():
+        if p.grad is not None:
+            total += p.grad.pow(2).sum().item()
+    return math.sqrt(total)
+"""
+
 WRONG = {
     "ch07_grad_norm": [
         (GRAD_NORM_SUM_OF_NORMS, {"ch07_grad_norm_tests": "sum of the per-parameter norms"}),
         (GRAD_NORM_EVERY_PARAMETER, {"ch07_grad_norm_tests": "has `.grad = None`"}),
         (GRAD_NORM_TENSOR, {"ch07_grad_norm_tests": "Return a Python float"}),
+        (GRAD_NORM_STATE_DICT, {"ch07_grad_norm_tests": "shared by two layers was counted twice"}),
     ],
     "ch07_leak_check": [
         (LEAK_REQUIRES_GRAD, {"ch07_leak_check_tests": "merely *require* grad"}),

@@ -53,7 +53,7 @@ def accumulate_step(model, optimizer, loss_fn, micro_batches, max_grad_norm=None
     mean_loss = 0.0
     for inputs, targets in micro_batches:
         share = inputs.shape[0] / n_total
-        loss = loss_fn(model.forward(inputs), targets)
+        loss = loss_fn(model(inputs), targets)
         (share * loss).backward()
         mean_loss += share * float(loss.detach())
     if max_grad_norm:
@@ -61,6 +61,23 @@ def accumulate_step(model, optimizer, loss_fn, micro_batches, max_grad_norm=None
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return mean_loss
+"""
+
+ACCUMULATE_IN_EVAL_MODE = """
+def accumulate_step(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    model.eval()
+    optimizer.zero_grad()
+    total = sum(len(x) for x, _ in micro_batches)
+    loss_sum = 0.0
+    for x, y in micro_batches:
+        loss = loss_fn(model(x), y)
+        (loss * len(x) / total).backward()
+        loss_sum += loss.item() * len(x)
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    model.train()
+    return loss_sum / total
 """
 
 AMP_NO_AUTOCAST = """
@@ -164,6 +181,7 @@ WRONG = {
         (ACCUMULATE_ONE_OVER_K, {"ch10_accumulate_step_tests": "weighted by 1/K"}),
         (ACCUMULATE_CLIP_EACH, {"ch10_accumulate_step_tests": "clipped after every micro-batch"}),
         (ACCUMULATE_NO_ZERO_GRAD, {"ch10_accumulate_step_tests": "zero_grad()` is missing"}),
+        (ACCUMULATE_IN_EVAL_MODE, {"ch10_accumulate_step_tests": "ran in eval mode"}),
     ],
     "ch10_amp_step": [
         (AMP_NO_AUTOCAST, {"ch10_amp_step_tests": "the forward pass ran in float32"}),

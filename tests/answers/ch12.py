@@ -78,6 +78,38 @@ def fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
                 model(x.to(device))
 """
 
+FIT_ZERO_GRAD_BEFORE_STEP = """
+def fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            loss = loss_fn(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.zero_grad()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for x, y in val_loader:
+                model(x.to(device))
+"""
+
+FIT_RETURNS_IN_THE_LOOP = """
+def fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for epoch in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss_fn(model(x.to(device)), y.to(device)).backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for x, y in val_loader:
+                model(x.to(device))
+        return model
+"""
+
 FIT_NO_EVAL = """
 def fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
     model.to(device)
@@ -172,6 +204,8 @@ WRONG = {
         (FIT_NO_EVAL, {"ch12_capstone_tests": "`no_eval_mode`"}),
         (FIT_NO_NO_GRAD, {"ch12_capstone_tests": "`grad_enabled_in_eval`"}),
         (FIT_MODE_NOT_RESTORED, {"ch12_capstone_tests": "`train_mode_not_restored`"}),
+        (FIT_ZERO_GRAD_BEFORE_STEP, {"ch12_capstone_tests": "sits between `loss.backward()`"}),
+        (FIT_RETURNS_IN_THE_LOOP, {"ch12_capstone_tests": "returned after its first epoch"}),
     ],
     "ch12_questions": [
         (
