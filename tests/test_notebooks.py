@@ -18,7 +18,8 @@ import torch
 from forge_course.check import errors, execute, graded_results
 from tests.conftest import CHAPTERS, add_cells
 
-BINDER_BYTES = 2 * 2**30
+# mybinder.org guarantees 1 GiB to a session (2 GiB is the most it may get, when a node has room).
+BINDER_BYTES = 2**30
 SERVER_BYTES = 300 * 2**20  # JupyterLab's own server and the Binder image around the kernel
 SPAWN_CELL = "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)"
 # Appended to each chapter: the kernel's peak resident memory and its largest child's (training
@@ -51,4 +52,4 @@ def test_solution_notebook_runs_twice_cleanly(chapter, sources):
     assert start_method == "spawn"
     peak = (kernel_kb + child_kb) * 1024 + SERVER_BYTES
     if not torch.cuda.is_available():  # Binder has no GPU; a CUDA kernel's peak means nothing there
-        assert peak < BINDER_BYTES, f"{peak / 2**20:.0f} MiB would not fit Binder's 2 GiB"
+        assert peak < BINDER_BYTES, f"{peak / 2**20:.0f} MiB: over Binder's guaranteed 1 GiB"
