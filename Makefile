@@ -11,10 +11,18 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 setup: $(STAMP)
 
+# PyTorch first, alone: a wheel already on this machine (pip's find-links) if there is one, else
+# from the indexes, adding PyTorch's CPU-only index on Linux without an NVIDIA driver, whose
+# 2.13.0+cpu (192 MB) pip prefers to PyPI's CUDA build (several GB with NVIDIA's libraries).
+TORCH_CPU_INDEX := $(shell [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null \
+	&& echo --extra-index-url https://download.pytorch.org/whl/cpu)
+
 # The constraints file pins the CPU build of torch for this set-up only; the package asks for a range.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --no-deps --no-index -c constraints.txt torch 2>/dev/null \
+		|| $(BIN)/python -m pip install --quiet --no-deps -c constraints.txt torch $(TORCH_CPU_INDEX)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 

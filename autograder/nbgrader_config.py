@@ -1,10 +1,12 @@
 """nbgrader configuration for forge-course.
 
-The repository is the course root: `make release` writes the learner notebooks into
-`notebooks/` from the notebooks built out of `solutions/` in `build/source/`. Everything a grading
-run creates (submissions, autograded copies, feedback, the gradebook, the exchange) lives in
-`grading/`, which git ignores. `FORGE_COURSE_ROOT` moves the whole course (the tests grade in a
-temporary copy); `FORGE_GRADING_DIR` moves only the grading workspace.
+The repository is the course root: `make release` builds `solutions/` into `build/source/`, lets
+nbgrader release it into `build/release/` and copies a cleaned release into `notebooks/`, which
+nbgrader itself never writes (the Formgrader's "Generate" writes `build/release/`). Everything a
+grading run creates (LMS downloads, submissions, autograded copies, feedback, the gradebook,
+the exchange, nbgrader's CSV export) lives in `grading/`, which git ignores. `FORGE_COURSE_ROOT`
+moves the whole course (the tests grade in a temporary copy); `FORGE_GRADING_DIR` moves only the
+grading workspace.
 """
 
 import os
@@ -13,6 +15,7 @@ from pathlib import Path
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades
 
+from forge_course.grader.collect import LmsCollector
 from forge_course.grading.feedback import TracebacksToMessages
 
 c = get_config()  # noqa: F821  (nbgrader provides it when it loads this file)
@@ -24,7 +27,7 @@ grading = Path(os.environ.get("FORGE_GRADING_DIR", root / "grading"))
 c.CourseDirectory.course_id = "forge-course"
 c.CourseDirectory.root = str(root)
 c.CourseDirectory.source_directory = "build/source"
-c.CourseDirectory.release_directory = "notebooks"
+c.CourseDirectory.release_directory = "build/release"
 c.CourseDirectory.submitted_directory = str(grading / "submitted")
 c.CourseDirectory.autograded_directory = str(grading / "autograded")
 c.CourseDirectory.feedback_directory = str(grading / "feedback")
@@ -32,6 +35,38 @@ c.CourseDirectory.db_url = f"sqlite:///{grading / 'gradebook.db'}"
 c.Exchange.root = str(grading / "exchange")
 # Student ids and messages reach the CSV: every field quoted, none read as a formula.
 c.ExportApp.plugin_class = "forge_course.grader.export.SafeCsvExport"
+c.ExportPlugin.to = str(grading / "nbgrader_grades.csv")
+
+# `nbgrader zip_collect CHAPTER` reads an LMS's download from grading/downloaded/CHAPTER/archive/.
+c.ZipCollectApp.collect_directory_structure = str(
+    grading / "{downloaded}" / "{assignment_id}" / "{collect_step}"
+)
+c.ZipCollectApp.collector_plugin = LmsCollector
+# How each LMS names a submitted file in its "download all submissions" zip (tried in this order,
+# on the file's path inside the zip). The first pattern that matches gives the student's id and
+# the notebook's name; tests/lms/ holds one sample download of each.
+c.LmsCollector.patterns = {
+    # Moodle 3.1 and later: a folder per student, "Full Name_<participant number>_assignsubmission
+    # _file" (older versions end it with "_"); the number changes with every assignment, so the
+    # name is the id.
+    "Moodle": (
+        r"(?:.*/)?(?P<student_id>[^/]+)_\d+_assignsubmission_file_?/(?:.*/)?(?P<file_id>[^/]+)"
+    ),
+    # Moodle with "Download submissions in folders" off: the same prefix on every file.
+    "Moodle, without folders": (
+        r"(?:.*/)?(?P<student_id>[^/]+?)_\d+_assignsubmission_file_(?P<file_id>[^/]+)"
+    ),
+    # Blackboard Learn: "<Assignment>_<username>_attempt_<YYYY-MM-DD-HH-MM-SS>_<file>", plus a
+    # receipt "<Assignment>_<username>_attempt_<date>.txt" that is not collected.
+    "Blackboard": (
+        r"(?:.*/)?[^/]*_(?P<student_id>[^/_]+)_attempt_"
+        r"(?P<timestamp>\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)_(?P<file_id>[^/]+)"
+    ),
+    # Canvas: "<lastnamefirstname>_[late_]<user id>_<file id>_<file>", the name lower-cased
+    # without spaces or punctuation and left out under anonymous grading; the user id is the id
+    # Canvas's gradebook import matches. A file submitted twice gets "-1" before its extension.
+    "Canvas": r"(?:.*/)?(?:[^/]*?_)?(?:late_)?(?P<student_id>\d+)_\d+_(?P<file_id>[^/]+)",
+}
 
 # A chapter runs in under 60 s in total; one cell stuck for 120 s is a loop that will not end.
 c.Execute.timeout = 120

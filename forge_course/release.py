@@ -2,13 +2,19 @@
 
     solutions/chNN_slug.py            jupytext percent format, nbgrader metadata on cells
       -> build/source/chNN_slug/chNN_slug.ipynb      nbgrader source notebook (solutions in)
-      -> notebooks/chNN_slug/chNN_slug.ipynb         nbgrader release (solutions and hidden
-                                                     tests stripped): what learners open
+      -> build/release/chNN_slug/chNN_slug.ipynb     nbgrader's release (solutions and hidden
+                                                     tests stripped)
+      -> notebooks/chNN_slug/chNN_slug.ipynb         the same, cleaned: what learners open
     forge_course/chapters.py -> notebooks/index.ipynb
 
 Sources write only what matters on a cell (``nbgrader={"grade_id": ..., "solution": true}``);
 the build fills in nbgrader's other fields, gives every cell a stable id (jupytext would draw
 random ones), and drops volatile metadata so a rebuild of unchanged sources changes no byte.
+nbgrader writes its release into ``build/release`` (its ``release_directory``), never into
+``notebooks/``: the Formgrader's "Generate" button runs nbgrader alone, without the cleaning, and
+would otherwise rewrite the committed notebooks with volatile metadata. Only this build copies a
+cleaned release into ``notebooks/``.
+
 It also adds what Colab needs (`forge_course.colab`): an "Open in Colab" badge under each
 chapter's title, and the install cell before its first code cell.
 """
@@ -102,15 +108,16 @@ def write_notebook(nb: nbformat.NotebookNode, path: Path) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def clean_release(path: Path) -> None:
-    """Drop what nbgrader adds that varies between runs; keep every cell's nbgrader metadata."""
+def clean_release(path: Path, out: Path) -> None:
+    """Write nbgrader's release ``path`` to ``out`` without what nbgrader adds that varies
+    between runs; keep every cell's nbgrader metadata."""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         cell.metadata = {k: v for k, v in cell.metadata.items() if k in ("nbgrader", "tags")}
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nb.metadata = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
-    write_notebook(nb, path)
+    write_notebook(nb, out)
 
 
 def index_notebook(written: list[str]) -> nbformat.NotebookNode:
@@ -158,7 +165,9 @@ def build_sources(
 def generate_release(course_root: Path, chapters: list[str]) -> None:
     """Run nbgrader's generate_assignment for each chapter of the course rooted at ``course_root``.
 
-    The course root must hold ``build/source``; the release lands in ``notebooks``.
+    The course root must hold ``build/source``; nbgrader releases into ``build/release``, and
+    each chapter's cleaned release lands in ``notebooks``. Each chapter is also registered in
+    the course's gradebook, so the Formgrader lists it and ``nbgrader autograde`` finds it.
     """
     import os
 
@@ -174,7 +183,10 @@ def generate_release(course_root: Path, chapters: list[str]) -> None:
             result = api.generate_assignment(chapter, force=True, create=True)
             if not result["success"]:
                 raise RuntimeError(f"nbgrader could not release {chapter}:\n{result.get('error')}")
-            clean_release(course_root / "notebooks" / chapter / f"{chapter}.ipynb")
+            name = f"{chapter}/{chapter}.ipynb"
+            clean_release(
+                course_root / "build" / "release" / name, course_root / "notebooks" / name
+            )
     finally:
         if previous is None:
             os.environ.pop("FORGE_COURSE_ROOT", None)

@@ -18,7 +18,19 @@ import torch
 from forge_course.check import errors, execute, graded_results
 from tests.conftest import CHAPTERS, add_cells
 
-BINDER_BYTES = 2 * 2**30
+# mybinder.org guarantees 1 GiB to a session (2 GiB is the most it may get, when a node has room).
+# The chapters that need more than the guarantee are named in the README's Binder section, and
+# held to the limit instead.
+BINDER_BYTES = 2**30
+BINDER_LIMIT_BYTES = 2 * 2**30
+# Measured on 2026-11-26 (kernel + largest child + server): ch02 1070 MiB, ch09 1205 MiB,
+# ch10 1354 MiB, ch11 1217 MiB.
+OVER_BINDER_GUARANTEE = (
+    "ch02_datasets_dataloaders",
+    "ch09_production_loop",
+    "ch10_scaling_one_device",
+    "ch11_distributed",
+)
 SERVER_BYTES = 300 * 2**20  # JupyterLab's own server and the Binder image around the kernel
 SPAWN_CELL = "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)"
 # Appended to each chapter: the kernel's peak resident memory and its largest child's (training
@@ -51,4 +63,13 @@ def test_solution_notebook_runs_twice_cleanly(chapter, sources):
     assert start_method == "spawn"
     peak = (kernel_kb + child_kb) * 1024 + SERVER_BYTES
     if not torch.cuda.is_available():  # Binder has no GPU; a CUDA kernel's peak means nothing there
-        assert peak < BINDER_BYTES, f"{peak / 2**20:.0f} MiB would not fit Binder's 2 GiB"
+        if chapter in OVER_BINDER_GUARANTEE:
+            assert peak < BINDER_LIMIT_BYTES, f"{peak / 2**20:.0f} MiB: over Binder's 2 GiB limit"
+        else:
+            assert peak < BINDER_BYTES, f"{peak / 2**20:.0f} MiB: over Binder's guaranteed 1 GiB"
+
+
+def test_the_readme_names_the_chapters_over_binders_guarantee(repo):
+    binder = (repo / "README.md").read_text().split("### On Binder", 1)[1].split("###", 1)[0]
+    for chapter in OVER_BINDER_GUARANTEE:
+        assert f"`{chapter}`" in binder, f"the README's Binder section must name {chapter}"
