@@ -123,7 +123,8 @@ def test_the_address_is_written_only_in_pyproject():
         *REPO.glob("forge_course/**/*.py"),
         *REPO.glob("solutions/*.py"),
         *REPO.glob("tests/**/*.py"),
-        *(REPO / name for name in ("Makefile", "postBuild", "environment.yml")),
+        REPO / "Makefile",
+        *(path for path in (REPO / "binder").rglob("*") if path.is_file()),
     ]
     for path in written:
         assert URL not in path.read_text(), f"{path.relative_to(REPO)} repeats the address"

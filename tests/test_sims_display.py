@@ -27,7 +27,7 @@ def test_show_sends_the_widget_and_its_picture(monkeypatch):
     assert raw, "the bundle is sent as MIME data, not as an object to format"
     assert bundle[WIDGET_VIEW]["model_id"] == box.model_id
     assert base64.b64decode(bundle["image/png"]).startswith(b"\x89PNG")
-    assert not plt.get_fignums(), "the picture's figure is closed, so it is not drawn twice"
+    assert fig.number not in plt.get_fignums(), "the picture's figure is closed, not drawn twice"
     # ipywidgets 8's own bundle for the widget (7 has none): the same view, so Lab draws the same.
     own = box._repr_mimebundle_()
     assert own[WIDGET_VIEW] == bundle[WIDGET_VIEW]

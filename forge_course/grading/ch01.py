@@ -339,6 +339,15 @@ class _NotAFunction:
     apply = staticmethod(torch.logsumexp)
 
 
+class _ApplyReplaced(torch.autograd.Function):
+    """A Function whose inherited ``apply`` is replaced by ``torch.logsumexp``: its own
+    ``forward`` and ``backward`` never run."""
+
+    apply = staticmethod(torch.logsumexp)
+    forward = staticmethod(_forward_stable)
+    backward = staticmethod(_backward_softmax)
+
+
 _KEEPDIM = (
     "`torch.logsumexp(x, dim)` removes the summed dimension: squeeze the result "
     "(`.squeeze(dim)`), or sum without `keepdim=True`."
@@ -350,6 +359,12 @@ LOGSUMEXP_MISTAKES = [
         "derived from `torch.autograd.Function`, with static `forward` and `backward` methods "
         "and the `apply` it inherits. Here autograd differentiates something else.",
         _NotAFunction,
+    ),
+    (
+        "`LogSumExp.apply(x, dim)` should run a `torch.autograd.Function` of your own, but the "
+        "class replaces the `apply` it inherits with `torch.logsumexp`, so its `forward` and "
+        "`backward` never run. Delete that line: `apply` comes from `torch.autograd.Function`.",
+        _ApplyReplaced,
     ),
     (
         "`torch.logsumexp` does the work the exercise asks you to write. Build the forward from "

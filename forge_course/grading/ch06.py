@@ -190,9 +190,9 @@ def _evaluate_divisor_from_the_mean(model, loader, loss_fn, device):
 
 def _evaluate_accuracy_counts_ignored(model, loader, loss_fn, device):
     """The loss right; the accuracy divided by every target, ignored ones included."""
-    loss, _ = ref.evaluate.__wrapped__(model, loader, loss_fn, device)
     correct = count = 0
     with _each_module_restored(model), torch.no_grad():
+        loss, _ = _weighted(model, loader, loss_fn, device)
         for inputs, targets in loader:
             outputs = model(inputs.to(device))
             correct += (outputs.argmax(dim=-1) == targets.to(device)).sum().item()

@@ -206,9 +206,13 @@ def explain(
     for message, wrong in wrongs:
         if first_difference(got, wrong) is None:
             raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}")
-    shown = [(m, w) for m, w in wrongs if _shows_all_of(got, w, want)]
-    # Of those, first one that explains the difference the message starts with.
-    shown.sort(key=lambda pair: _difference_at(pair[1], want, key) is None)
+    # And only one that goes wrong where the answer first does, so that it explains the
+    # difference the message starts with (not only a symptom further down).
+    shown = [
+        (m, w)
+        for m, w in wrongs
+        if _shows_all_of(got, w, want) and _difference_at(w, want, key) is not None
+    ]
     for message, wrong in shown:
         also = "; something else differs too" if first_difference(got, wrong) else ""
         raise Mistake(grade_id, f"{diff}{where}.\nLikely mistake: {message}{also}")
@@ -356,11 +360,15 @@ def _crashed(err: BaseException, label: str, before: dict[str, str]) -> str:
     one cause the check can see.
     """
     now = _process_settings()
-    changed = [f"{name} {before[name]} → {now[name]}" for name in before if now[name] != before[name]]
+    changed = [
+        f"{name} {before[name]} → {now[name]}" for name in before if now[name] != before[name]
+    ]
     torch.set_grad_enabled(before["grad mode"] == "on")
     torch.set_default_dtype(getattr(torch, before["the default dtype"].removeprefix("torch.")))
     where = f" ({label})" if label else ""
-    message = f"The check could not observe your answer{where}: {type(err).__name__}: {err}".rstrip(": ")
+    message = f"The check could not observe your answer{where}: {type(err).__name__}: {err}".rstrip(
+        ": "
+    )
     if changed:
         return (
             f"{message}.\nLikely mistake: your answer left {'; '.join(changed)} behind it. "
@@ -472,7 +480,11 @@ class Exercise:
         """``message``, the text of a `Mistake` the observation of ``case`` ended in, with the
         likely mistake (`raised_hint`) added where there is one and none is named yet."""
         hint = self.raised_hint(message, case) if self.raised_hint else ""
-        return f"{message}\nLikely mistake: {hint}" if hint and "Likely mistake" not in message else message
+        return (
+            f"{message}\nLikely mistake: {hint}"
+            if hint and "Likely mistake" not in message
+            else message
+        )
 
     def check(self, fn: Callable, thorough: bool = False) -> None:
         """Observe ``fn`` on every case and judge it: what a notebook's test cell calls."""
