@@ -38,7 +38,9 @@ CH = "ch04_one_training_step"
 HAND, TRAIN, QUESTIONS = "ch04_hand_step", "ch04_train_step", "ch04_questions"
 HAND_TEST, TRAIN_TEST = "ch04_hand_step_tests", "ch04_train_step_tests"
 SOLVED = REPO / "autograder" / "examples" / "alice" / CH / f"{CH}.ipynb"
-LIMITS = sandbox.Limits(seconds=20, cpu_seconds=12, files=2000)
+# 6 CPU-seconds: the twelve busy processes spend them in under 20 s of wall clock even when the
+# sandbox gets a third of a core (a loaded CI machine); the solution spends 0.6 (RESULTS.md).
+LIMITS = sandbox.Limits(seconds=20, cpu_seconds=6, files=2000)
 STEP = "def train_step(model, optimizer, loss_fn, x, y):\n"
 WRONG = STEP + "    return 0.0\n"
 
@@ -68,8 +70,8 @@ ATTACKS = {
         "ref = pkgutil.resolve_name('forge_course.reference.step')\n"
         "got = ref.train_step.__wrapped__(model, optimizer, loss_fn, x, y)")},
         {TRAIN_TEST: "wrong"}),
-    "reference_as_the_answer": ({TRAIN: "from forge_course.reference.step import train_step\n"
-        "train_step = train_step.__wrapped__\n"}, {TRAIN_TEST: "wrong"}),
+    "reference_as_the_answer": ({TRAIN: "import pkgutil\ntrain_step = pkgutil.resolve_name("
+        "'forge_course.reference.step:train_step').__wrapped__\n"}, {TRAIN_TEST: "wrong"}),
     "reference_in_a_thread": ({TRAIN: "import threading, pkgutil\n" + _answer_with(
         "out = []\nref = lambda: pkgutil.resolve_name('forge_course.reference.step:train_step')\n"
         "t = threading.Thread(target=lambda: out.append(ref().__wrapped__(model, optimizer, "
