@@ -14,9 +14,7 @@ Python's ``random`` and jittered by NumPy. AdamW's moments and a per-epoch StepL
 optimizer and scheduler states matter too.
 
 `replay` runs an uninterrupted process and a killed one side by side, then the resume, and
-returns the losses; `draw_replay` lays the curves over each other. Most of a process's time is
-importing torch, so the resume starts with the other two and imports while they train, then
-waits (``--wait``) until the killed one is gone before it looks for a checkpoint.
+returns the losses; `draw_replay` lays the curves over each other.
 """
 
 from __future__ import annotations
@@ -139,27 +137,18 @@ def replay(folder: str | os.PathLike, kill_at: int = KILL_AT, timeout: float = 1
             text=True,
         ),  # fmt: skip
     ]
-    resume = subprocess.Popen(
-        _command(crashed, "resumed", "--resume", "--wait"), env=env, stdin=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+    codes = []
+    for process in both:
+        _, err = process.communicate(timeout=timeout)
+        codes.append(process.returncode)
+        if process.returncode not in (0, -signal.SIGKILL):
+            raise RuntimeError(f"the training process failed:\n{err}")
+    checkpoints = sorted(p.name for p in crashed.glob("step-*.pt"))
+    resumed_from = int(latest_checkpoint(crashed).name[5:13])
+    subprocess.run(
+        _command(crashed, "resumed", "--resume"), env=env, check=True, timeout=timeout,
+        capture_output=True,
     )  # fmt: skip
-    try:
-        codes = []
-        for process in both:
-            _, err = process.communicate(timeout=timeout)
-            codes.append(process.returncode)
-            if process.returncode not in (0, -signal.SIGKILL):
-                raise RuntimeError(f"the training process failed:\n{err}")
-        checkpoints = sorted(p.name for p in crashed.glob("step-*.pt"))
-        resumed_from = int(latest_checkpoint(crashed).name[5:13])
-        _, err = resume.communicate("go\n", timeout=timeout)  # the killed process is gone
-        if resume.returncode != 0:
-            raise RuntimeError(f"the resumed process failed:\n{err}")
-    finally:
-        for process in (*both, resume):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
     return {
         "uninterrupted": read_losses(straight / "losses-run.txt"),
         "killed": read_losses(crashed / "losses-killed.txt"),
@@ -199,11 +188,8 @@ def main() -> None:
     parser.add_argument("--tag", default="run", help="names the log: losses-<tag>.txt")
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--wait", action="store_true", help="start once a line comes on stdin")
     args = parser.parse_args()
     torch.set_num_threads(1)  # every process adds up in the same order
-    if args.wait:
-        sys.stdin.readline()
     with open(args.folder / f"losses-{args.tag}.txt", "a") as log:
         train(args.folder, log, kill_at=args.kill_at, resume=args.resume)
 
