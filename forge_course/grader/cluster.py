@@ -86,8 +86,7 @@ class Cluster:
 
 # The Dask worker's side: state kept across the run's submissions, in each worker process.
 _lock = threading.Lock()
-_state: dict = {"settings": None, "workers": None, "assignments": {}}
-_stage = tempfile.TemporaryDirectory(prefix="forge-cluster-")
+_state: dict = {"settings": None, "workers": None, "assignments": {}, "folder": None}
 
 
 def grade_remotely(assignment_id: str, source: str, notebook: bytes | None, settings: dict):
@@ -97,24 +96,27 @@ def grade_remotely(assignment_id: str, source: str, notebook: bytes | None, sett
     if grader_version() != settings["grader"]:
         raise ClusterUnusable("this Dask worker runs other grader code than the run")
     with _lock:
+        if _state["folder"] is None:  # on a Dask worker only: the run's side never grades here
+            _state["folder"] = tempfile.TemporaryDirectory(prefix="forge-cluster-")
+        scratch = _state["folder"].name
         if _state["settings"] != settings:  # a new run: its seed, devices and limits
             if _state["workers"] is not None:
                 _state["workers"].close()
             os.environ.update(FORGE_GRADING_SEED=str(settings["seed"]),
                               **_device_environment(settings["device"]))  # fmt: skip
             limits = sandbox.Limits(**settings["limits"])
-            stage_dir = Path(tempfile.mkdtemp(dir=_stage.name))
+            stage_dir = Path(tempfile.mkdtemp(dir=scratch))
             sandbox.stage(stage_dir)
             _state.update(settings=settings, workers=_Workers(limits, None, stage_dir))
         workers = _state["workers"]
         key = (assignment_id, source)
         if key not in _state["assignments"]:
-            folder = Path(tempfile.mkdtemp(dir=_stage.name))
+            folder = Path(tempfile.mkdtemp(dir=scratch))
             (folder / f"{assignment_id}.ipynb").write_text(source, encoding="utf-8")
             loaded = assignments.load(assignment_id, folder / f"{assignment_id}.ipynb")
             _state["assignments"][key] = loaded
         loaded = _state["assignments"][key]
-    with tempfile.TemporaryDirectory(dir=_stage.name) as folder:
+    with tempfile.TemporaryDirectory(dir=scratch) as folder:
         path = None
         if notebook is not None:
             path = Path(folder) / f"{assignment_id}.ipynb"
