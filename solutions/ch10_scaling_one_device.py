@@ -487,8 +487,12 @@ print(f"advice for training here: {advice}; autocast's default here is {low}")
 # 16-bit matrix units (tensor cores on recent NVIDIA GPUs, bfloat16 instructions on some
 # CPUs); the memory from activations saved in 16 bits. The next cell measures both on the
 # deep running example: 16 blocks of `Linear(64, 256) → GELU → Linear(256, 64)`, one
-# forward and backward pass. Memory is the bytes saved for backward, counted exactly with
-# `saved_activation_bytes`; time is the fastest of `TIMING_REPEATS` runs.
+# forward and backward pass, at two batch sizes. On a GPU it adds a third case, 2 blocks of
+# `Linear(2048, 8192) → GELU → Linear(8192, 2048)` at batch 4096: the running example's
+# matrices are so small that a GPU spends its time launching kernels, not multiplying, and
+# only large matrix products show what tensor cores do. Memory is the bytes saved for
+# backward, counted exactly with `saved_activation_bytes`; time is the fastest of
+# `TIMING_REPEATS` runs.
 
 # %%
 from forge_course.reference.memory import saved_activation_bytes
@@ -496,67 +500,76 @@ from forge_course.sims.memory_compute import make_blocks
 
 blocks = make_blocks(N_BLOCKS, WIDTH, seed=SEED).to(device)
 stack = nn.Sequential(*blocks)
+amp_cases = [(f"batch {BATCH}", stack, BATCH), (f"batch {16 * BATCH}", stack, 16 * BATCH)]
+if device.type == "cuda":  # matrices large enough for tensor cores to matter
+    wide = nn.Sequential(*make_blocks(2, 2048, seed=SEED)).to(device)
+    amp_cases.append(("wide, batch 4096", wide, 4096))
 
 
-def forward_backward(batch, amp):
+def forward_backward(model, batch, amp):
     with torch.autocast(device.type, dtype=low, enabled=amp):
-        loss = stack(batch).float().square().mean()
+        loss = model(batch).float().square().mean()
     loss.backward()
-    stack.zero_grad()
+    model.zero_grad()
 
 
 amp_rows = {}
-for batch_size in (BATCH, 16 * BATCH):
-    xb = torch.randn(batch_size, WIDTH, generator=torch.Generator().manual_seed(SEED)).to(device)
+for name, model, batch_size in amp_cases:
+    width = model[0][0].in_features
+    xb = torch.randn(batch_size, width, generator=torch.Generator().manual_seed(SEED)).to(device)
     for amp in (False, True):
         with torch.autocast(device.type, dtype=low, enabled=amp):
-            kept = saved_activation_bytes(stack, xb)
-        ms = fastest_ms(lambda xb=xb, amp=amp: forward_backward(xb, amp))
-        amp_rows[(batch_size, amp)] = (kept, ms)
+            kept = saved_activation_bytes(model, xb)
+        ms = fastest_ms(lambda m=model, xb=xb, amp=amp: forward_backward(m, xb, amp))
+        amp_rows[(name, amp)] = (kept, ms)
         label = f"autocast {str(low)[6:]}" if amp else "float32"
-        print(f"batch {batch_size:5}, {label:18}: {kept / 2**20:6.2f} MiB kept, {ms:7.2f} ms/step")
+        print(f"{name:16}, {label:18}: {kept / 2**20:7.2f} MiB kept, {ms:8.2f} ms/step")
 
+names = [name for name, _, _ in amp_cases]
 fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 3.4))
-names = [f"batch {b}" for b in (BATCH, 16 * BATCH)]
-pos = torch.arange(2).float()
+pos = torch.arange(len(names)).float()
 for offset, amp, colour in ((-0.2, False, PALETTE["blue"]), (0.2, True, PALETTE["orange"])):
     label = f"autocast {str(low)[6:]}" if amp else "float32"
-    values = [amp_rows[(b, amp)] for b in (BATCH, 16 * BATCH)]
+    values = [amp_rows[(name, amp)] for name in names]
     ax_t.bar(pos + offset, [v[1] for v in values], 0.4, color=colour, label=label)
     ax_m.bar(pos + offset, [v[0] / 2**20 for v in values], 0.4, color=colour, label=label)
-ax_t.set_xticks(pos.tolist(), names)
-ax_m.set_xticks(pos.tolist(), names)
-ax_t.set(xlabel="batch size", ylabel="forward + backward (ms, fastest)",
-         title=f"Speed on {device.type}")  # fmt: skip
-ax_m.set(xlabel="batch size", ylabel="kept for backward (MiB)",
-         title="Activation memory (exact count)")  # fmt: skip
+for ax in (ax_t, ax_m):
+    ax.set_xticks(pos.tolist(), names)
+    ax.set_yscale("log")  # the wide case is 1000 times the small one
+ax_t.set(xlabel="case", ylabel="forward + backward (ms, fastest)", title=f"Speed on {device.type}")
+ax_m.set(xlabel="case", ylabel="kept for backward (MiB)", title="Activation memory (exact count)")
 ax_t.legend(fontsize=8)
 ax_m.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
-speedup = {b: amp_rows[(b, False)][1] / amp_rows[(b, True)][1] for b in (BATCH, 16 * BATCH)}
-saving = {b: 1 - amp_rows[(b, True)][0] / amp_rows[(b, False)][0] for b in (BATCH, 16 * BATCH)}
-for b in (BATCH, 16 * BATCH):
-    verdict = "faster" if speedup[b] > 1.1 else "not faster" if speedup[b] > 0.9 else "slower"
-    print(f"batch {b}: autocast is {verdict} here ({speedup[b]:.2f}× the float32 speed) and "
-          f"keeps {saving[b]:.0%} fewer bytes for backward.")  # fmt: skip
+speedup = {name: amp_rows[(name, False)][1] / amp_rows[(name, True)][1] for name in names}
+saving = {name: 1 - amp_rows[(name, True)][0] / amp_rows[(name, False)][0] for name in names}
+for name in names:
+    verdict = "faster" if speedup[name] > 1.1 else "not faster" if speedup[name] > 0.9 else "slower"
+    print(f"{name}: autocast is {verdict} here ({speedup[name]:.2f}× the float32 speed) and "
+          f"keeps {saving[name]:.0%} fewer bytes for backward.")  # fmt: skip
 
 # %% [markdown]
-# *Alt text: two bar charts, float32 (blue) against autocast (orange) at batch 64 and 1024.
+# *Alt text: two bar charts on logarithmic axes, float32 (blue) against autocast (orange),
+# for the running example at batch 64 and 1024 and, on a GPU, the wide model at batch 4096.
 # Left, milliseconds per forward and backward pass on this device; right, MiB kept for
 # backward. The printed lines under the figure give the measured ratios.*
 #
-# What this shows, honestly, is this machine and nothing more. Read the two printed verdicts.
+# What this shows, honestly, is this machine and nothing more. Read the printed verdicts.
 # Autocast adds work: before every matmul it converts the operands (the weights included) to
-# 16 bits. It saves work where the hardware has fast 16-bit arithmetic, and where halving the
-# bytes moved through memory matters, which grows with the batch. On a small batch the
-# conversions can dominate, so autocast may well be slower there even when it wins on a large
-# one; on a CPU without 16-bit instructions there may be no win at all. The memory column
-# follows the same logic: autocast also keeps bfloat16 *copies of the weights* for backward,
-# which at batch 64 are much of what is kept, so the saving there is far from half; at batch
-# 1024 the activations dominate and it comes close to half. On a GPU with tensor cores, large
-# float16 or bfloat16 matmuls run several times faster than float32 ones; measure on yours
-# before you believe any "2×".
+# 16 bits, one more kernel each. It saves work only where the hardware multiplies 16-bit
+# numbers faster and the products are large enough for that to outweigh the conversions and
+# the fixed cost of launching each kernel. The running example never gets there on a GPU:
+# each of its steps is a few hundred tiny kernels, so float32 and autocast both take about
+# what launching them takes, and autocast, with more kernels, can come out slower at either
+# batch size (on an NVIDIA H200 with torch 2.11, autocast ran at 0.78× the float32 speed at
+# batch 64 and 0.74× at batch 1024). The wide model's products are billions of multiply-adds
+# each, and there tensor cores win by several times (11× on the same H200). On a CPU without 16-bit instructions
+# bfloat16 is emulated and there may be no win at any size. The memory column follows the
+# same logic: autocast also keeps 16-bit *copies of the weights* for backward (bfloat16 on
+# the CPU, float16 on CUDA by default), which at batch 64 are much of what is kept, so the
+# saving there is far from half; with more examples the activations dominate and it comes
+# close to half. Measure on yours before you believe any "2×".
 #
 # ## Exercise 2 · `ch10_amp_step`: a mixed-precision step that fits the device
 #
@@ -792,11 +805,12 @@ ch10.check_checkpointed_forward(checkpointed_forward, thorough=True)
 # call; the gain, if any, on every call after it.
 #
 # How big is that price here? The next cell compiles a tiny model (2 blocks of the running
-# example) in a separate Python process, so that a slow first compile cannot use up this
-# notebook's time: the process is stopped after `COMPILE_BUDGET_S` seconds. It reports the
-# first call's time and the fastest eager and compiled calls. The very first compile on a
-# machine is the slowest: it also builds C++ headers once and caches them on disk (under the
-# temporary directory), so running this cell again is faster.
+# example, on this notebook's device) in a separate Python process, so that a slow first
+# compile cannot use up this notebook's time: the process is stopped after `COMPILE_BUDGET_S`
+# seconds. It reports the first call's time and the fastest eager and compiled calls. The very
+# first compile on a machine is the slowest: it also builds C++ headers (or, on a GPU, Triton
+# kernels) once and caches them on disk (under the temporary directory), so running this cell
+# again is faster.
 
 # %%
 COMPILE_SCRIPT = f"""
@@ -805,14 +819,16 @@ from torch import nn
 torch.set_num_threads({THREADS})
 torch.manual_seed({SEED})
 block = lambda: nn.Sequential(nn.Linear({WIDTH}, {4 * WIDTH}), nn.GELU(), nn.Linear({4 * WIDTH}, {WIDTH}))
-model = nn.Sequential(block(), block())
-x = torch.randn({BATCH}, {WIDTH})
+device = torch.device("{device}")
+model = nn.Sequential(block(), block()).to(device)
+x = torch.randn({BATCH}, {WIDTH}).to(device)
+sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
 
 def fastest(fn, n=50):
     fn()
     times = []
     for _ in range(n):
-        start = time.perf_counter(); fn(); times.append(time.perf_counter() - start)
+        sync(); start = time.perf_counter(); fn(); sync(); times.append(time.perf_counter() - start)
     return min(times) * 1e3
 
 with torch.no_grad():
@@ -820,6 +836,7 @@ with torch.no_grad():
     compiled = torch.compile(model)
     start = time.perf_counter()
     out = compiled(x)
+    sync()
     first_s = time.perf_counter() - start
     compiled_ms = fastest(lambda: compiled(x))
     gap = (out - model(x)).abs().max().item()

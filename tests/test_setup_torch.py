@@ -11,6 +11,7 @@ find-links, as here), which it installs without asking any index. The commands a
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,17 @@ from tests.conftest import REPO
 CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
 
 
+def _path_without_nvidia_smi(folder: Path, path: str) -> Path:
+    """One folder of links to every program on ``path`` except nvidia-smi."""
+    folder.mkdir(exist_ok=True)
+    for directory in path.split(os.pathsep):
+        for program in Path(directory).glob("*") if Path(directory).is_dir() else ():
+            link = folder / program.name
+            if program.name != "nvidia-smi" and not link.exists() and os.access(program, os.X_OK):
+                link.symlink_to(program)
+    return folder
+
+
 def torch_commands(tmp_path: Path, nvidia: bool) -> tuple[list[str], list[str]]:
     """The set-up's two ways to install torch: (local wheel only, from the indexes)."""
     path = os.environ["PATH"]
@@ -31,6 +43,8 @@ def torch_commands(tmp_path: Path, nvidia: bool) -> tuple[list[str], list[str]]:
         (fake / "nvidia-smi").write_text("#!/bin/sh\n")
         (fake / "nvidia-smi").chmod(0o755)
         path = f"{fake}{os.pathsep}{path}"
+    elif shutil.which("nvidia-smi"):  # on a GPU machine: everything on PATH but the driver's tool
+        path = str(_path_without_nvidia_smi(tmp_path / "no-nvidia", path))
     printed = subprocess.run(
         ["make", "-n", "setup", f"VENV={tmp_path / 'venv'}"],
         cwd=REPO, env={**os.environ, "PATH": path}, capture_output=True, text=True, check=True,

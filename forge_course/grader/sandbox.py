@@ -201,6 +201,7 @@ def _command(
         # Address space only where no control group caps resident memory and no GPU is
         # visible: a CUDA context reserves far more address space than it uses.
         "address_space_mb": 0 if capped or _gpu_mounts() else limits.memory_mb + 2048,
+        "gpu_memory_mb": limits.memory_mb,  # on each GPU, in the caching allocator
     }
     python = [sys.executable, "-I", "-c", BOOT]
     if mode != "bubblewrap":

@@ -380,12 +380,29 @@ def _child(job: dict, write_fd: int, reply_fd: int, limits: dict, workdir: str):
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
         cpu = int(limits["seconds"]) + 5
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        _cap_gpu_memory(limits.get("gpu_memory_mb", 0))
         os.chdir(workdir)
         _run_job(job, write_fd)
     except BaseException:  # noqa: BLE001  (whatever happens, never return into the server)
         code = 1
     finally:
         os._exit(code)
+
+
+def _cap_gpu_memory(megabytes: int) -> None:
+    """Hold each GPU's caching allocator to the job's memory, from the moment the job first uses
+    CUDA (queued on torch's lazy initialisation, so a job that never touches the GPU creates no
+    context). Several jobs share one GPU: none may take the memory its neighbours need."""
+    if not megabytes:
+        return
+    import torch
+
+    def cap() -> None:
+        for index in range(torch.cuda.device_count()):
+            total = torch.cuda.get_device_properties(index).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, megabytes * 2**20 / total), index)
+
+    torch.cuda._lazy_call(cap)
 
 
 def _reap(pid: int, read_fd: int, watch: Watch) -> tuple[str, int, str]:

@@ -1,0 +1,95 @@
+"""The grader on a machine with a CUDA GPU: what only a GPU can show.
+
+Everywhere else these tests do not apply and say so (skipped, with the reason). On a GPU they
+grade every chapter's instructor solution and its blank release twice, once with the grader's
+default devices (CPU and GPU) and once told ``--device cpu``, with the default limits and the
+strongest isolation the machine has; and they hold one submission to its GPU memory.
+"""
+
+import csv
+import os
+import subprocess
+import sys
+import time
+
+import nbformat
+import pytest
+import torch
+
+from forge_course.grader import run, sandbox
+from forge_course.release import build_sources, generate_release
+from tests.conftest import CHAPTERS, REPO
+from tests.test_autograde import _solutions, _submission
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+UNSAFE = sandbox.isolation() != "bubblewrap"  # GPU machines without bubblewrap exist
+
+
+def _class(root, chapters, answers) -> None:
+    """One submission per (student, chapter): ``answers(chapter, solved)`` gives its cells."""
+    build_sources(REPO, root / "build" / "source")
+    generate_release(root, chapters)
+    for chapter in chapters:
+        name = f"{chapter}.ipynb"
+        source = nbformat.read(root / "build" / "source" / chapter / name, as_version=4)
+        released = nbformat.read(root / "notebooks" / chapter / name, as_version=4)
+        for student, cells in answers(chapter, _solutions(source)).items():
+            path = root / "submitted" / student / chapter / name
+            path.parent.mkdir(parents=True)
+            nbformat.write(_submission(released, cells), path)
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_solutions_score_full_and_blanks_zero_on_a_gpu_machine(tmp_path, device):
+    """As a grader runs it: `forge-course grade --device D` in a fresh process (whether this
+    one has used CUDA already must not matter)."""
+    _class(tmp_path, CHAPTERS, lambda chapter, solved: {"solution": solved, "blank": {}})
+    command = [sys.executable, "-m", "forge_course.cli", "grade", "--submitted",
+               str(tmp_path / "submitted"), "--device", device, "--force"]  # fmt: skip
+    env = {**os.environ, "FORGE_GRADING_DIR": str(tmp_path / "grading")}
+    started = time.perf_counter()
+    graded = subprocess.run(command + ["--unsafe"] * UNSAFE, cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=900)  # fmt: skip
+    seconds = time.perf_counter() - started
+    assert graded.returncode == 0, graded.stdout[-2000:] + graded.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "grading" / "grades.csv").open()))
+    totals: dict = {}
+    for row in rows:
+        total = totals.setdefault((row["student"], row["assignment"]), [0.0, 0.0])
+        total[0] += float(row["points"])
+        total[1] += float(row["max_points"])
+    for (student, chapter), (points, top) in sorted(totals.items()):
+        print(f"--device {device} {student} {chapter}: {points:g}/{top:g}")
+    print(f"--device {device}: {len(totals)} submissions in {seconds:.1f} s, unsafe={UNSAFE}")
+    assert len(totals) == 2 * len(CHAPTERS)
+    problems = [
+        f"{row['student']} {row['test']}: {row['points']}/{row['max_points']} {row['status']}: "
+        f"{row['message']}"
+        for row in rows
+        if (row["student"] == "solution") != (float(row["points"]) == float(row["max_points"]))
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_submission_is_held_to_its_gpu_memory(tmp_path):
+    """A job that asks the GPU for more than the submission's memory fails that exercise alone,
+    with the memory named, and leaves the GPU to its neighbours."""
+    chapter = "ch04_one_training_step"
+    limits = sandbox.Limits()
+    hog = (
+        f"_hog = torch.empty({limits.memory_mb + 1024} * 2**20, dtype=torch.uint8, device='cuda')\n"
+    )
+
+    def answers(chapter, solved):
+        first = next(iter(solved))
+        return {"greedy": {**solved, first: "import torch\n" + hog + solved[first]}}
+
+    _class(tmp_path, [chapter], answers)
+    outcomes = run.grade([chapter], submitted=tmp_path / "submitted", grading=tmp_path / "grading",
+                         limits=limits, progress=False, unsafe=UNSAFE, force=True)  # fmt: skip
+    results = list(outcomes[("greedy", chapter)].values())
+    assert results[0]["points"] == 0 and "memory" in results[0]["message"].lower(), results[0]
+    assert all(r["points"] == r["max_points"] for r in results[1:]), results[1:]
