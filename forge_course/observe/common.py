@@ -20,6 +20,12 @@ class Mistake(AssertionError):
         self.grade_id = grade_id
         super().__init__(f"[{grade_id}] {message}")
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for it: the message and the learner's own frames, not ours."""
+        from forge_course.observe.shown import render
+
+        return render(self)
+
 
 class Tampered(Mistake):
     """The answer switched off or rewrote one of the check's instruments: not graded."""
