@@ -62,9 +62,10 @@ print("Running on", describe(device))
 #
 # A learning-rate scheduler, if there is one, steps after the optimizer. Leave out the forward
 # or the loss and the script stops: there is nothing to call `backward()` on, or not one number
-# (`RuntimeError: grad can be implicitly created only for scalar outputs`). Leave out or
-# misplace `zero_grad()`, `backward()` or `step()` and nothing raises an error at all; the rest
-# of this chapter shows what each of those mistakes looks like instead.
+# (`RuntimeError: grad can be implicitly created only for scalar outputs`). Leave out
+# `zero_grad()`, `backward()` or `step()`, or shuffle the three in any order that still calls
+# `backward()` after the loss exists, and nothing raises an error at all; the rest of this
+# chapter shows what each of those mistakes looks like instead.
 
 # %% [markdown]
 # ## One step by hand
