@@ -658,6 +658,9 @@ for name, (curves, _) in runs.items():
     print(
         f"{name:30} val loss {curves['val_loss'][-1]:.3f}, val accuracy {curves['val_accuracy'][-1]:.1%}"
     )
+for curves in (softmax_run, stale_run):  # stalls high, with gradients no larger than the bug-free
+    assert curves["val_loss"][-1] > correct["val_loss"][-1] + 0.3
+    assert max(curves["grad_norm"]) <= max(correct["grad_norm"])
 
 # %% [markdown]
 # *Alt text: left, three validation-loss curves; the bug-free one falls furthest, the
