@@ -3,10 +3,12 @@
 #
 # A `DataLoader` makes two decisions that the model never sees: which examples go into each
 # batch, and how the examples of one batch become tensors. The first is the **sampler**'s job,
-# the second the **collate function**'s. Neither raises an error when it is wrong. A model
-# sees 28 batches of dogs before its first cat; three processes read the same order every
-# epoch; half of every batch is padding. This chapter shows each one on a small data set you
-# can count by hand.
+# the second the **collate function**'s. A few of their mistakes stop the loop with an error
+# (a collate function that cannot stack examples of different lengths, a `sampler` passed
+# together with `shuffle=True`), and this chapter shows them. The costly ones raise nothing,
+# because the batches still come out: a model sees 28 batches of dogs before its first cat;
+# three processes read the same order every epoch; half of every batch is padding. This
+# chapter shows each one on a small data set you can count by hand.
 #
 # **By the end of this chapter you can:**
 #
@@ -91,6 +93,12 @@ for shuffle in (False, True):
         f"shuffle={shuffle!s:5}  sampler: {type(loader.sampler).__name__:17} "
         f"{len(loader)} batches, the first holds {int(first_labels.sum())} cats"
     )
+try:
+    DataLoader(dataset, sampler=RandomSampler(dataset), shuffle=True)
+except ValueError as err:
+    print("sampler= together with shuffle=True:", err)
+else:
+    raise AssertionError("this torch accepted sampler= together with shuffle=True")
 
 # %% [markdown]
 # With `shuffle=False` the first 28 batches hold only dogs ($28 \times 32 = 896$), batch 28
@@ -528,6 +536,8 @@ try:
     next(iter(DataLoader(reviews, batch_size=3)))
 except RuntimeError as err:
     print("default collate_fn:", err)
+else:
+    raise AssertionError("the default collate_fn stacked reviews of different lengths")
 
 # %% [markdown]
 # **By hand: pad the first three reviews.** Their lengths are 2, 2 and 9, so the batch is

@@ -62,9 +62,10 @@ print("Running on", describe(device))
 #
 # A learning-rate scheduler, if there is one, steps after the optimizer. Leave out the forward
 # or the loss and the script stops: there is nothing to call `backward()` on, or not one number
-# (`RuntimeError: grad can be implicitly created only for scalar outputs`). Leave out or
-# misplace `zero_grad()`, `backward()` or `step()` and nothing raises an error at all; the rest
-# of this chapter shows what each of those mistakes looks like instead.
+# (`RuntimeError: grad can be implicitly created only for scalar outputs`). Leave out
+# `zero_grad()`, `backward()` or `step()`, or shuffle the three in any order that still calls
+# `backward()` after the loss exists, and nothing raises an error at all; the rest of this
+# chapter shows what each of those mistakes looks like instead.
 
 # %% [markdown]
 # ## One step by hand
@@ -422,12 +423,18 @@ for ax, k in zip(axes, (3, 10)):
 fig.tight_layout()
 plt.show()
 for k in (3, 10):
-    (_, grad_logits, acc_logits), (_, grad_softmax, acc_softmax) = runs[k, False], runs[k, True]
-    floor = torch.log(torch.e + torch.tensor(k - 1.0)) - 1  # -log(e / (e + K - 1))
+    _, grad_logits, acc_logits = runs[k, False]
+    softmax_losses, grad_softmax, acc_softmax = runs[k, True]
+    floor = torch.log(torch.e + torch.tensor(k - 1.0)).item() - 1  # -log(e / (e + K - 1))
     print(f"{k:2} classes: gradient norm at step 1 {grad_logits:.4f} (logits) vs "
           f"{grad_softmax:.4f} (softmax first), {grad_logits / grad_softmax:.1f}× smaller; "
           f"accuracy after 150 steps {acc_logits:.1%} vs {acc_softmax:.1%}; "
           f"lowest loss reachable with softmax first {floor:.3f}")  # fmt: skip
+    assert k / 2 < grad_logits / grad_softmax < 2 * k and min(softmax_losses) > floor
+    if k == 3:  # the bug hides: the same ranking of an easy problem, to within a point
+        assert abs(acc_logits - acc_softmax) <= 0.01
+    else:  # the bug shows: far behind after the same number of steps
+        assert acc_softmax < acc_logits - 0.15
 
 # %% [markdown]
 # *Alt text: two panels of loss against step. With 3 classes the correct run's loss falls
@@ -436,8 +443,9 @@ for k in (3, 10):
 # barely moves.*
 #
 # Read the printed lines. The gradient ratios are close to $K$, as the derivation says. On the
-# easy problem softmax first still ends at the same accuracy: ranking 3 well-separated classes
-# does not need large gradients, so the bug hides. With 10 classes the gradient is 10 times
+# easy problem softmax first ends at the same accuracy (the cell checks: to within a point):
+# ranking 3 well-separated classes does not need large gradients, so accuracy hides the bug,
+# and only the loss and the gradient show it. With 10 classes the gradient is about 10 times
 # smaller at the same learning rate, and after the same 150 steps softmax first is far behind.
 # The floors are why the loss curves level off: when the probabilities going in are perfect (1
 # for the right class, 0 for the others), `log_softmax` of them still gives the right class only

@@ -4,9 +4,11 @@
 # A model is a tree of modules, and PyTorch finds everything it needs by walking that tree:
 # the optimizer gets its parameters from it, a checkpoint is a list of its tensors, and
 # `.to(device)` moves what hangs on it. Whatever is not in the tree is invisible to all three,
-# and not one of them raises an error about it. This chapter shows how things get into the
-# tree, what else hangs there (buffers and hooks), and how models, tensors and whole batches
-# move between devices.
+# and mostly they say nothing about it. The optimizer objects only to a model with no parameter
+# at all, and the errors that come later (a layer left behind meeting a moved input, a strict
+# `load_state_dict` missing keys) point far from the line that forgot to register something.
+# All three appear below. This chapter shows how things get into the tree, what else hangs
+# there (buffers and hooks), and how models, tensors and whole batches move between devices.
 #
 # **By the end of this chapter you can:**
 #
@@ -170,6 +172,8 @@ try:
     torch.optim.SGD(AllInAList().parameters(), lr=LR)
 except ValueError as err:
     print("with no registered parameter:", err)
+else:
+    raise AssertionError("the optimizer accepted a model with no registered parameter")
 
 gen = torch.Generator().manual_seed(SEED)
 x_train = torch.randn(BATCH, SIZES[0], generator=gen)
@@ -222,6 +226,8 @@ try:
     moved(torch.randn(2, SIZES[0], device=OTHER))
 except RuntimeError as err:
     print("RuntimeError:", err)
+else:
+    raise AssertionError("a layer left on the CPU took an input on another device")
 scalar = torch.tensor(2.0)  # the exception to the rule: a 0-dimensional CPU tensor
 print("0-dim CPU tensor × tensor on OTHER gives a tensor on", (scalar * moved.head.weight).device)
 
@@ -634,6 +640,8 @@ try:
     fresh.load_state_dict(checkpoint)
 except RuntimeError as err:
     print("strict=True raises:", str(err).splitlines()[1].strip())
+else:
+    raise AssertionError("strict=True loaded a checkpoint with keys missing")
 report = fresh.load_state_dict(checkpoint, strict=False)
 print("strict=False returns missing_keys:", report.missing_keys)
 print("                  unexpected_keys:", report.unexpected_keys)

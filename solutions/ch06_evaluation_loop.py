@@ -414,6 +414,8 @@ for helper in (careless_evaluate, careful_evaluate):
     print(f"{helper.__name__}: served model still repeatable: {repeatable}; frozen batch norm "
           f"in {'train' if tuned[1].training else 'eval'} mode, its running mean moved by "
           f"{moved:.4f} in one training step")  # fmt: skip
+    careful = helper is careful_evaluate
+    assert repeatable == careful and (moved == 0) == careful
 
 # %% [markdown]
 # ## Averaging over uneven batches

@@ -288,8 +288,9 @@ print(
 # `model.eval()` switches Dropout off (and makes BatchNorm use its running statistics). Forget
 # it, and every evaluation measures a different random sub-network: the same model, on the same
 # data, gives a different answer each time you ask. That is the signature: **evaluate twice and
-# compare.** The next cell trains the museum model, then evaluates it `REPEATS` times with the
-# correct `evaluate`, and `REPEATS` times with the same code minus `model.eval()`.
+# compare.** The next cell trains the museum model, then measures its validation accuracy
+# `REPEATS` times after `model.eval()`, and `REPEATS` times with the same code minus
+# `model.eval()`.
 
 
 # %%
@@ -323,6 +324,10 @@ for name, values in modes.items():
     print(
         f"{name:16} {len(set(values))} distinct value(s), from {min(values):.1%} to {max(values):.1%}"
     )
+for training in (False, True):  # a served model, then one in training: each keeps its mode
+    trained.train(training)
+    evaluate(trained, nn.CrossEntropyLoss(), X_val, y_val)
+    assert all(module.training == training for module in trained.modules())
 
 # %% [markdown]
 # *Alt text: a strip plot with two rows. With model.eval() all ten dots sit on one value; without
@@ -331,8 +336,11 @@ for name, values in modes.items():
 # A validation curve measured in train mode is noisy, and it is biased too: the network it
 # measures is a thinned one. The mirror-image bug, training in eval mode because validation
 # left the model in eval mode and nothing switched it back, silently switches Dropout off for
-# the rest of training. The correct `evaluate` above sets `model.eval()` first and gives every
-# module its own mode back last; `train_epoch` also calls `model.train()` as it starts.
+# the rest of training. The correct `evaluate` above follows chapter 06's rule: it sets
+# `model.eval()` first and gives every module its own mode back last, so a served model stays
+# in eval mode and a training one goes on training (the last lines of the cell check both).
+# Ending it with `model.train()` instead would switch Dropout back on in a served model.
+# `train_epoch` also calls `model.train()` as it starts.
 
 # %% [markdown]
 # ## Exhibit 3 · Kept graphs, and what they really cost
@@ -650,6 +658,9 @@ for name, (curves, _) in runs.items():
     print(
         f"{name:30} val loss {curves['val_loss'][-1]:.3f}, val accuracy {curves['val_accuracy'][-1]:.1%}"
     )
+for curves in (softmax_run, stale_run):  # stalls high, with gradients no larger than the bug-free
+    assert curves["val_loss"][-1] > correct["val_loss"][-1] + 0.3
+    assert max(curves["grad_norm"]) <= max(correct["grad_norm"])
 
 # %% [markdown]
 # *Alt text: left, three validation-loss curves; the bug-free one falls furthest, the

@@ -170,6 +170,16 @@ def test_probabilities_cover_a_grid_and_leave_train_mode_on():
     assert trainer.model.training
 
 
+def test_validation_and_the_map_give_each_module_its_mode_back():
+    # Chapter 06's rule: an evaluation helper restores each module's own mode, not model.train().
+    trainer = Trainer(SIM_CONFIG)
+    trainer.run(2)
+    trainer.model.eval()  # a model being served
+    trainer.probabilities(resolution=5)
+    trainer.validate()
+    assert not any(module.training for module in trainer.model.modules())
+
+
 def test_the_drawing_has_a_map_and_four_metric_panels():
     trainer = Trainer(SIM_CONFIG)
     trainer.run(12)

@@ -1,6 +1,7 @@
 """The step reference against FACTS.md's hand numbers and torch's autograd and optimizers."""
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -93,6 +94,25 @@ def _idle_drift(make_opt, set_to_none):
 def test_zeroed_gradients_move_a_parameter_that_none_leaves_alone(make_opt, moves_on_zeros):
     assert _idle_drift(make_opt, set_to_none=True) == 0
     assert (_idle_drift(make_opt, set_to_none=False) > 0) == moves_on_zeros
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(["zero_grad", "backward", "step"])))
+@pytest.mark.parametrize("left_out", [None, "zero_grad", "backward", "step"])
+def test_misordered_or_missing_step_lines_raise_nothing(order, left_out):
+    # Chapter 04: these mistakes are silent as long as backward() comes after the loss.
+    torch.manual_seed(0)
+    net = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        loss = net(torch.randn(4, 2)).pow(2).mean()
+        lines = {
+            "zero_grad": optimizer.zero_grad,
+            "backward": loss.backward,
+            "step": optimizer.step,
+        }
+        for name in order:
+            if name != left_out:
+                lines[name]()
 
 
 @pytest.mark.parametrize("device", available_devices(), ids=str)

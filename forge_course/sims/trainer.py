@@ -197,11 +197,14 @@ class Trainer:
 
     def validate(self) -> float:
         """Accuracy on the 100 validation points, without a graph (in eval mode unless bugged)."""
+        # Chapter 06's rule: give each module its own mode back, not model.train().
+        modes = {module: module.training for module in self.model.modules()}
         if "no_eval_mode" not in self.bugs:
             self.model.eval()
         with torch.no_grad():
             predictions = self.model(self.X_val).argmax(dim=1)
-        self.model.train()
+        for module, training in modes.items():
+            module.training = training
         return (predictions == self.y_val).float().mean().item()
 
     def run(self, steps: int | None = None, progress=None) -> list[dict[str, float]]:
@@ -227,10 +230,13 @@ class Trainer:
         axis = torch.linspace(-extent, extent, resolution)
         grid_y, grid_x = torch.meshgrid(axis, axis, indexing="ij")
         points = torch.stack([grid_x.flatten(), grid_y.flatten()], dim=1).to(self.device)
+        # Chapter 06's rule: give each module its own mode back, not model.train().
+        modes = {module: module.training for module in self.model.modules()}
         self.model.eval()
         with torch.no_grad():
             probs = self.model(points).softmax(dim=1)[:, 1]
-        self.model.train()
+        for module, training in modes.items():
+            module.training = training
         return probs.reshape(resolution, resolution).cpu()
 
 
