@@ -16,6 +16,9 @@ commands:
                           options: --submitted DIR, --jobs N, --timeout S, --memory MB,
                           --device auto|cpu|cuda, --seed N, --force, --unsafe,
                           --cluster ADDRESS (a Dask scheduler whose workers grade)
+  report [ASSIGNMENT ...] what the class got wrong: grading/report/ASSIGNMENT.html and CSV
+                          (default: every graded chapter); options: --submitted DIR,
+                          --gradebook (read nbgrader's gradebook, not the ledger)
 """
 
 
@@ -45,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "grade":
         return _grade(rest)
+    if command == "report":
+        return _report(rest)
     print(f"Unknown command {command!r}.\n\n{USAGE}", file=sys.stderr)
     return 2
 
@@ -104,6 +109,36 @@ def _grade(argv: list[str]) -> int:
         + ", ".join(f"{n} {s}" for s, n in statuses.most_common())
     )
     print(f"Scores: {run.grading_dir() / 'grades.csv'}; feedback: {run.grading_dir() / 'feedback'}")
+    return 0
+
+
+def _report(argv: list[str]) -> int:
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="forge-course report")
+    parser.add_argument("assignments", nargs="*", help="assignment ids (default: all graded)")
+    parser.add_argument("--submitted", type=Path, help="folder of <student>/<assignment>/")
+    parser.add_argument(
+        "--gradebook", action="store_true", help="read nbgrader's gradebook (plain autograde)"
+    )
+    args = parser.parse_args(argv)
+
+    from forge_course import report
+    from forge_course.grader import run
+    from forge_course.release import chapter_ids
+
+    grading = run.grading_dir().resolve()
+    submitted = (args.submitted or grading / "submitted").resolve()
+    known = chapter_ids(run.REPO)
+    chosen = [next((c for c in known if c.startswith(a)), a) for a in args.assignments]
+    if not chosen:
+        ledger = grading / "forge"
+        chosen = [c for c in known if (ledger / c).is_dir()] or known
+    for assignment in chosen:
+        path, lines = report.report(assignment, grading, submitted, args.gradebook)
+        print(f"{assignment}: {path}")
+        print("\n".join(f"  {line}" for line in lines))
     return 0
 
 
