@@ -14,6 +14,7 @@ exercise: the layout of an LMS's grade import).
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import html
 import importlib
@@ -157,32 +158,39 @@ def from_ledger(assignment: str, grading: Path, submitted: Path | None) -> Class
 
 
 def from_gradebook(assignment: str, gradebook: Path) -> Class:
-    """The scores nbgrader's gradebook holds, opened read-only."""
-    from nbgrader.api import Gradebook, MissingEntry
+    """The scores nbgrader's gradebook holds, opened read-only with SQLite itself (nbgrader's
+    own `Gradebook` runs the ``alembic`` command first: seconds, and it may write)."""
+    import sqlite3
 
-    students = []
-    with Gradebook(f"sqlite:///file:{gradebook}?mode=ro&uri=true") as gb:
-        try:
-            submissions = gb.assignment_submissions(assignment)
-        except MissingEntry:
-            submissions = []
-        for submission in submissions:
-            results = {}
-            for notebook in submission.notebooks:
-                for grade in sorted(notebook.grades, key=lambda g: g.name):
-                    results[grade.name] = {
-                        "status": NOT_AVAILABLE,
-                        "points": grade.score,
-                        "max_points": grade.max_score,
-                        "message": "",
-                    }
-            students.append(Student(submission.student_id, results))
+    # A grade's score as nbgrader counts it (`nbgrader.api.Grade.score`): the manual score if
+    # an instructor gave one, else the automatic one, plus any extra credit.
+    query = """
+        SELECT sa.student_id, cell.name,
+               COALESCE(g.manual_score, g.auto_score) + COALESCE(g.extra_credit, 0), gc.max_score
+        FROM grade g
+        JOIN submitted_notebook sn ON g.notebook_id = sn.id
+        JOIN submitted_assignment sa ON sn.assignment_id = sa.id
+        JOIN assignment a ON sa.assignment_id = a.id
+        JOIN base_cell cell ON g.cell_id = cell.id
+        JOIN grade_cells gc ON gc.id = cell.id
+        WHERE a.name = ? ORDER BY sa.student_id, cell.rowid"""
+    found: dict[str, dict] = {}
+    if gradebook.exists():
+        with contextlib.closing(sqlite3.connect(f"{gradebook.as_uri()}?mode=ro", uri=True)) as db:
+            for student, cell, score, top in db.execute(query, (assignment,)):
+                found.setdefault(student, {})[cell] = {
+                    "status": NOT_AVAILABLE,
+                    "points": score or 0.0,
+                    "max_points": top,
+                    "message": "",
+                }
     run_info = {
         "graded by": "nbgrader autograde (its gradebook)",
-        "gradebook changed": _mtime(gradebook),
+        "gradebook changed": _mtime(gradebook) if gradebook.exists() else NOT_AVAILABLE,
         "instructor version, grader version, seed, --jobs, time taken": NOT_AVAILABLE,
     }
-    return Class(assignment, "gradebook", sorted(students, key=lambda s: s.id), [], run_info)
+    students = [Student(s, results) for s, results in sorted(found.items())]
+    return Class(assignment, "gradebook", students, [], run_info)
 
 
 def _one_of(values) -> str:
