@@ -13,11 +13,12 @@ exercise: the layout of an LMS's grade import).
 
 from __future__ import annotations
 
+import ast
 import base64
 import contextlib
+import csv
 import datetime
 import html
-import importlib
 import io
 import math
 import re
@@ -117,31 +118,30 @@ def named_mistake(message: str, hint: str = "") -> str | None:
 
 
 def _hints(assignment: str) -> dict[str, str]:
-    """Each test cell's generic hint, from the chapter's checks (``ch04_train_step_tests`` is
-    checked by the exercise ``ch04_train_step``)."""
-    try:
-        module = importlib.import_module(f"forge_course.grading.{assignment[:4]}")
-    except ImportError:
+    """Each test cell's generic hint, read from the chapter's checks without importing them
+    (they import PyTorch: seconds): the ``hint=`` of each ``Exercise(grade_id=..., ...)`` in
+    ``forge_course/grading/chNN.py``. ``ch04_train_step_tests`` checks ``ch04_train_step``."""
+    path = Path(__file__).parent / "grading" / f"{assignment[:4]}.py"
+    if not path.exists():
         return {}
-    return {f"{e.grade_id}_tests": e.hint for e in getattr(module, "EXERCISES", [])}
+    hints = {}
+    for call in ast.walk(ast.parse(path.read_text())):
+        if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "Exercise":
+            words = {k.arg: k.value for k in call.keywords}
+            if all(isinstance(words.get(k), ast.Constant) for k in ("grade_id", "hint")):
+                hints[f"{words['grade_id'].value}_tests"] = words["hint"].value
+    return hints
 
 
 def from_ledger(assignment: str, grading: Path, submitted: Path | None) -> Class:
-    from forge_course.grader import run
-    from forge_course.grader.assignment import find_notebook
-    from forge_course.grader.submission import fingerprint
+    from forge_course.grader import ledger
 
-    records = {r["student"]: r for r in run.read_ledger(grading / "forge", assignment)}
+    records = {r["student"]: r for r in ledger.read_ledger(grading / "forge", assignment)}
     unverified = []
     if submitted is not None and submitted.is_dir():
-        for name, _, folder in run.discover(submitted, [assignment]):
-            student = run.student_id(name)
-            path = None if folder.is_symlink() else find_notebook(folder, assignment)
-            notebook = fingerprint(path) if path else "missing"
-            record = records.get(student)
-            if record is None or record["key"].get("notebook") != notebook:
-                records.pop(student, None)  # graded before the notebook last changed
-                unverified.append(student)
+        for name, _, _ in ledger.discover(submitted, [assignment]):
+            if ledger.student_id(name) not in records:
+                unverified.append(ledger.student_id(name))
     keys = [r["key"] for r in records.values()]
     seed_file = grading / "forge" / "seed"
     finished = grading / "grades.csv"
@@ -250,6 +250,24 @@ def by_hand(cls: Class) -> list[tuple[str, str]]:
 # --- the CSV files ------------------------------------------------------------------------
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # as `forge_course.grader.export`'s
+
+
+def csv_text(rows: list[list]) -> str:
+    """Every field quoted, and text a spreadsheet would run as a formula led by ``'``: as
+    `forge_course.grader.export.csv_text` writes (which imports nbgrader: seconds)."""
+    out = io.StringIO()
+    writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
+    for row in rows:
+        writer.writerow([v if type(v) in (int, float) else _safe(str(v)) for v in row])
+    return out.getvalue()
+
+
+def _safe(text: str) -> str:
+    text = text.replace("\r", " ").replace("\n", " ")
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
 def _r(x: float | None) -> float | str:
     return "" if x is None else round(x, 4)
 
@@ -326,7 +344,7 @@ def students_csv(cls: Class, found: list[Exercise]) -> list[list]:
 
 def _png(fig) -> str:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=90)  # fixed margins: a tight box draws it twice
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
     return f"data:image/png;base64,{data}"
 
@@ -334,19 +352,23 @@ def _png(fig) -> str:
 def figures(cls: Class, found: list[Exercise]) -> list[tuple[str, str]]:
     """(alt text, PNG data URL): the class's totals, then each exercise's points."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     from forge_course.sims.display import PALETTE
 
     totals = [sum(r["points"] for r in s.results.values()) for s in cls.students]
     top = sum(ex.max_points for ex in found)
-    fig = Figure(figsize=(6, 2.6))
+    fig = Figure(figsize=(6, 2.8))
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.2, top=0.88)
     ax = fig.add_subplot()
     ax.hist(totals, bins=max(1, int(top)) + 1, range=(-0.5, top + 0.5), color=PALETTE["blue"])
     ax.set_xlabel(f"chapter score (points out of {top:g})")
     ax.set_ylabel("students")
     ax.set_title("Scores of the class")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     shown = [("Histogram of the class's chapter scores", _png(fig))]
-    fig = Figure(figsize=(2.6 * len(found), 2.4), layout="constrained")
+    fig = Figure(figsize=(2.6 * len(found), 2.6))
+    fig.subplots_adjust(left=0.6 / len(found), right=0.98, bottom=0.2, top=0.88, wspace=0.45)
     for i, ex in enumerate(found):
         ax = fig.add_subplot(1, len(found), i + 1)
         full = [p == ex.max_points for p in ex.points]
@@ -363,6 +385,7 @@ def figures(cls: Class, found: list[Exercise]) -> list[tuple[str, str]]:
         ax.set_xlabel(f"points (of {ex.max_points:g})")
         ax.set_ylabel("students")
         ax.set_title(ex.name, fontsize=8)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # students are counted whole
     shown.append(
         ("Histogram of each exercise's points: full marks green, less vermillion", _png(fig))
     )
@@ -521,8 +544,6 @@ def report(
     assignment: str, grading: Path, submitted: Path | None = None, gradebook: bool = False
 ) -> tuple[Path, list[str]]:
     """Write the chapter's page and CSV files; return the page's path and the summary."""
-    from forge_course.grader.export import csv_text
-
     if gradebook or not (grading / "forge" / assignment).is_dir():
         cls = from_gradebook(assignment, grading / "gradebook.db")
     else:
