@@ -411,7 +411,10 @@ def _percent(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def page(cls: Class, found: list[Exercise], shown: list[tuple[str, str]]) -> str:
+def page(
+    cls: Class, found: list[Exercise], shown: list[tuple[str, str]], grading: Path | None = None
+) -> str:
+    """The HTML page; feedback pages are linked where they exist under ``grading``."""
     title = f"{cls.assignment}: what the class got wrong"
     n = len(cls.students)
     parts = [
@@ -470,7 +473,7 @@ def page(cls: Class, found: list[Exercise], shown: list[tuple[str, str]]) -> str
             ),
         ]
         parts += ["<h2>Mistakes</h2>", *_mistakes(found, n)]
-        parts += ["<h2>To look at by hand</h2>", _by_hand(cls)]
+        parts += ["<h2>To look at by hand</h2>", _by_hand(cls, grading)]
     parts += ["<h2>The grading run</h2>", _table(["", ""], [[k, v] for k, v in cls.run.items()])]
     style = (
         "body{font-family:sans-serif;margin:2em;max-width:75em}td,th{padding:.3em .5em;"
@@ -512,12 +515,14 @@ def _mistakes(found: list[Exercise], n: int) -> list[str]:
     return parts or ["<p>No wrong answers: nobody made a mistake the checks could see.</p>"]
 
 
-def _by_hand(cls: Class) -> str:
+def _by_hand(cls: Class, grading: Path | None) -> str:
     rows = []
     for student, why in by_hand(cls):
-        link = f"../feedback/{student}/{cls.assignment}/{cls.assignment}.html"
-        cell = _Html(f"<a href='{html.escape(link)}'>{html.escape(student)}</a>")
-        rows.append([cell, why])
+        feedback = Path("feedback", student, cls.assignment, f"{cls.assignment}.html")
+        cell = html.escape(student)
+        if grading is None or (grading / feedback).is_file():
+            cell = f"<a href='../{html.escape(feedback.as_posix())}'>{cell}</a>"
+        rows.append([_Html(cell), why])
     return _table(["student", "why"], rows) if rows else "<p>None.</p>"
 
 
@@ -561,5 +566,5 @@ def report(
     (out / f"{assignment}-questions.csv").write_text(csv_text(questions_csv(cls, found)))
     (out / f"{assignment}-mistakes.csv").write_text(csv_text(mistakes_csv(cls, found)))
     (out / f"{assignment}-students.csv").write_text(csv_text(students_csv(cls, found)))
-    (out / f"{assignment}.html").write_text(page(cls, found, figures(cls, found)))
+    (out / f"{assignment}.html").write_text(page(cls, found, figures(cls, found), grading))
     return out / f"{assignment}.html", summary(found)
