@@ -20,6 +20,8 @@ import pytest
 from forge_course import report
 from forge_course.grader import run, sandbox
 from forge_course.release import build_sources, generate_release
+from forge_course.report import page as report_page
+from forge_course.report import results
 from tests.answers import ch04 as answers
 from tests.conftest import REPO
 
@@ -128,23 +130,23 @@ def test_discrimination_equals_a_hand_computation():
     # the item): 1, 2, 1, 0, 2. Means 0.6 and 1.2; deviations of the item -.6 .4 .4 -.6 .4, of
     # the rest -.2 .8 -.2 -1.2 .8. Covariance sum 1.4; sums of squares 1.2 and 2.8.
     item, totals = [0, 1, 1, 0, 1], [1, 3, 2, 0, 3]
-    assert report.discrimination(item, totals) == pytest.approx(1.4 / math.sqrt(1.2 * 2.8))
+    assert results.discrimination(item, totals) == pytest.approx(1.4 / math.sqrt(1.2 * 2.8))
     # An item that does not vary has no correlation to report.
-    assert report.discrimination([1, 1, 1], [1, 2, 3]) is None
+    assert results.discrimination([1, 1, 1], [1, 2, 3]) is None
 
 
 def test_a_class_without_wrong_answers_says_so(tmp_path):
     full = {t: {"status": "graded", "points": p, "max_points": p, "message": ""}
             for t, p in _max_points().items()}  # fmt: skip
-    cls = report.Class(CH, "ledger", [report.Student(f"s{i}", full) for i in range(3)], [], {})
-    found = report.exercises(cls)
+    cls = results.Class(CH, "ledger", [results.Student(f"s{i}", full) for i in range(3)], [], {})
+    found = results.exercises(cls)
     rows = report.questions_csv(cls, found)
     assert all(r[rows[0].index("discrimination")] == "" for r in rows[1:])
     assert all(r[rows[0].index("share_full")] == 1.0 for r in rows[1:])
     assert len(report.mistakes_csv(cls, found)) == 1  # its header only
-    text = report.page(cls, found, [])
+    text = report_page.render(cls, found, [])
     assert "No wrong answers" in text
-    assert "No named mistakes" in "\n".join(report.summary(found))
+    assert "No named mistakes" in "\n".join(results.summary(found))
 
 
 def test_named_mistakes_are_told_from_generic_hints():
@@ -152,12 +154,12 @@ def test_named_mistakes_are_told_from_generic_hints():
     named = (
         "f: the loss differs.\nLikely mistake: `zero_grad()` is missing; something else differs too"
     )
-    assert report.named_mistake(named, hint) == "`zero_grad()` is missing"
-    assert report.named_mistake(f"f: the loss differs.\nLikely mistake: {hint}", hint) is None
-    assert report.named_mistake("2 is not right: count the first backward too") == (
+    assert results.named_mistake(named, hint) == "`zero_grad()` is missing"
+    assert results.named_mistake(f"f: the loss differs.\nLikely mistake: {hint}", hint) is None
+    assert results.named_mistake("2 is not right: count the first backward too") == (
         "count the first backward too"
     )
-    assert report.named_mistake("3 is not right.") is None
+    assert results.named_mistake("3 is not right.") is None
 
 
 # --- the class graded for real ------------------------------------------------------------
@@ -178,7 +180,7 @@ def test_every_figure_in_the_csv_equals_the_construction(graded):
         assert float(row["mean"]) == pytest.approx(sum(earned) / n, abs=1e-4)
         assert float(row["share_full"]) == pytest.approx(earned.count(top) / n, abs=1e-4)
         assert float(row["share_zero"]) == pytest.approx(earned.count(0.0) / n, abs=1e-4)
-        for status in report.STATUSES:
+        for status in results.STATUSES:
             assert int(row[status]) == list(by_student.values()).count(status), (test, status)
 
     mistakes = _csv(grading / "report" / f"{CH}-mistakes.csv")
@@ -300,5 +302,5 @@ def test_nbgrader_autograde_gives_the_same_means(tmp_path, monkeypatch):
     assert set(theirs) == set(mine) == set(_max_points())
     for test in mine:
         assert float(theirs[test]["mean"]) == float(mine[test]["mean"]), test
-        assert theirs[test]["named_mistakes"] == report.NOT_AVAILABLE
-    assert report.NOT_AVAILABLE in (root / "grading/report" / f"{CH}.html").read_text()
+        assert theirs[test]["named_mistakes"] == results.NOT_AVAILABLE
+    assert results.NOT_AVAILABLE in (root / "grading/report" / f"{CH}.html").read_text()
