@@ -304,3 +304,11 @@ def test_nbgrader_autograde_gives_the_same_means(tmp_path, monkeypatch):
         assert float(theirs[test]["mean"]) == float(mine[test]["mean"]), test
         assert theirs[test]["named_mistakes"] == results.NOT_AVAILABLE
     assert results.NOT_AVAILABLE in (root / "grading/report" / f"{CH}.html").read_text()
+
+
+def test_the_generic_hints_are_read_from_the_chapters_checks():
+    from forge_course.grading import ch04
+
+    hints = results._hints(CH)
+    assert hints == {f"{e.grade_id}_tests": e.hint for e in ch04.EXERCISES}
+    assert all(hints.values())

@@ -76,7 +76,7 @@ class Class:
     assignment: str
     source: str  # "ledger" or "gradebook"
     students: list[Student]
-    unverified: list[str]  # submissions without a genuine, current ledger entry
+    unverified: list[str]  # submission folders without a genuine ledger entry
     run: dict[str, str]
 
 
@@ -112,7 +112,7 @@ def _hints(assignment: str) -> dict[str, str]:
     """Each test cell's generic hint, read from the chapter's checks without importing them
     (they import PyTorch: seconds): the ``hint=`` of each ``Exercise(grade_id=..., ...)`` in
     ``forge_course/grading/chNN.py``. ``ch04_train_step_tests`` checks ``ch04_train_step``."""
-    path = Path(__file__).parent / "grading" / f"{assignment[:4]}.py"
+    path = Path(__file__).parents[1] / "grading" / f"{assignment[:4]}.py"
     if not path.exists():
         return {}
     hints = {}
