@@ -149,11 +149,13 @@ def bench_limits(chapters: list[str] | None = None) -> list[str]:
     ]
 
 
-def write_section(lines: list[str], results: Path = REPO / "benchmarks" / "RESULTS.md") -> None:
+def write_section(
+    lines: list[str], results: Path = REPO / "benchmarks" / "RESULTS.md", title: str = TITLE
+) -> None:
     """Put the section into RESULTS.md in place of the old one (or at the end)."""
-    section = "\n".join([TITLE, "", *lines, ""])
+    section = "\n".join([title, "", *lines, ""])
     text = results.read_text() if results.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(TITLE)}\n.*?(?=^## |\Z)", re.M | re.S)
+    pattern = re.compile(rf"^{re.escape(title)}\n.*?(?=^## |\Z)", re.M | re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip("\n") + "\n"
     else:

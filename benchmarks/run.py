@@ -697,6 +697,10 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["## Grading", ""] + bench_grading(tmp, repeats, 1 if args.quick else 2) + [""]
         if not args.quick:  # minutes
             lines += bench_large_class(tmp, 300) + [""]
+        from report import TITLE as REPORT_TITLE  # benchmarks/report.py, beside this script
+        from report import bench_report
+
+        lines += [REPORT_TITLE, ""] + bench_report(repeats) + [""]
         lines += (
             ["## Claims the chapters measure", ""] + bench_claims(repeats, not args.quick) + [""]
         )

@@ -16,6 +16,9 @@ commands:
                           options: --submitted DIR, --jobs N, --timeout S, --memory MB,
                           --device auto|cpu|cuda, --seed N, --force, --unsafe,
                           --cluster ADDRESS (a Dask scheduler whose workers grade)
+  report [ASSIGNMENT ...] what the class got wrong: grading/report/ASSIGNMENT.html and CSV
+                          (default: every graded chapter); options: --submitted DIR,
+                          --gradebook (read nbgrader's gradebook, not the ledger)
 """
 
 
@@ -45,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "grade":
         return _grade(rest)
+    if command == "report":
+        return _report(rest)
     print(f"Unknown command {command!r}.\n\n{USAGE}", file=sys.stderr)
     return 2
 
@@ -104,6 +109,38 @@ def _grade(argv: list[str]) -> int:
         + ", ".join(f"{n} {s}" for s, n in statuses.most_common())
     )
     print(f"Scores: {run.grading_dir() / 'grades.csv'}; feedback: {run.grading_dir() / 'feedback'}")
+    return 0
+
+
+def _report(argv: list[str]) -> int:
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="forge-course report")
+    parser.add_argument("assignments", nargs="*", help="assignment ids (default: all graded)")
+    parser.add_argument("--submitted", type=Path, help="folder of <student>/<assignment>/")
+    parser.add_argument(
+        "--gradebook", action="store_true", help="read nbgrader's gradebook (plain autograde)"
+    )
+    args = parser.parse_args(argv)
+
+    import os
+
+    from forge_course import report
+    from forge_course.chapters import CHAPTERS
+
+    # As `run.grading_dir`, without importing the grader (nbgrader and PyTorch: seconds).
+    root = Path(__file__).resolve().parent.parent
+    grading = Path(os.environ.get("FORGE_GRADING_DIR", root / "grading")).resolve()
+    submitted = (args.submitted or grading / "submitted").resolve()
+    known = [c.id for c in CHAPTERS]
+    chosen = [next((c for c in known if c.startswith(a)), a) for a in args.assignments]
+    if not chosen:
+        chosen = [c for c in known if (grading / "forge" / c).is_dir()] or known
+    for assignment in chosen:
+        path, lines = report.report(assignment, grading, submitted, args.gradebook)
+        print(f"{assignment}: {path}")
+        print("\n".join(f"  {line}" for line in lines))
     return 0
 
 

@@ -24,17 +24,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import hmac
 import html
-import json
 import os
 import random
-import secrets
 import shutil
 import tempfile
 import threading
 import traceback
-import unicodedata
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -45,6 +41,12 @@ import nbformat
 from forge_course.grader import assignment as assignments
 from forge_course.grader import sandbox
 from forge_course.grader.export import csv_text
+from forge_course.grader.ledger import (  # re-exported: the grader's names for them
+    Ledger,
+    discover,
+    student_id,
+)
+from forge_course.grader.ledger import write_atomically as _write_atomically
 from forge_course.grader.submission import (
     CellResult,
     as_dict,
@@ -56,7 +58,6 @@ from forge_course.grader.submission import (
 from forge_course.release import REPO, build_sources, chapter_ids
 
 PACKAGE = Path(__file__).resolve().parents[1]
-SAFE_ID = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -65,17 +66,6 @@ class SandboxUnavailable(RuntimeError):
 
 def grading_dir(course_root: Path = REPO) -> Path:
     return Path(os.environ.get("FORGE_GRADING_DIR", course_root / "grading"))
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8", newline=""
-    ) as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, path)
 
 
 @contextmanager
@@ -90,21 +80,6 @@ def _env(**values: str):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def student_id(folder_name: str) -> str:
-    """The id a student folder is graded under.
-
-    The rule: letters, digits, ``.``, ``_`` and ``-``, at most 64 characters, not beginning
-    with ``-`` or ``.`` (after Unicode NFC normalisation). A name outside the rule gets
-    ``student-`` and 16 hex digits of its SHA-256 (its own, so no two names share one); the
-    run's ``student_ids.csv`` maps it back to the folder's name.
-    """
-    name = unicodedata.normalize("NFC", folder_name) if folder_name.isprintable() else folder_name
-    if 0 < len(name) <= 64 and set(name) <= SAFE_ID and name[0] not in "-.":
-        return name
-    raw = folder_name.encode("utf-8", "surrogateescape")
-    return "student-" + hashlib.sha256(raw).hexdigest()[:16]
 
 
 def _open_gradebook(grading: Path):
@@ -226,22 +201,6 @@ def _autograded(
     _write_atomically(path, nbformat.writes(source))
 
 
-def discover(submitted: Path, only: list[str] | None) -> list[tuple[str, str, Path]]:
-    """(folder name, assignment, folder) for every submission folder, symbolic links included
-    (they are refused when graded, under the student's own id)."""
-    found = []
-    for student in sorted(submitted.iterdir(), key=lambda p: p.name):
-        if not (student.is_dir() or student.is_symlink()):
-            continue
-        if student.is_symlink():
-            found += [(student.name, a, student) for a in only or []]
-            continue
-        for folder in sorted(student.iterdir(), key=lambda p: p.name):
-            if (folder.is_dir() or folder.is_symlink()) and (only is None or folder.name in only):
-                found.append((student.name, folder.name, folder))
-    return found
-
-
 def versions(course_root: Path, assignment_id: str) -> dict[str, str]:
     """Digests of what a verdict depends on besides the notebook: the instructor's version of
     the assignment and the grader's code."""
@@ -259,46 +218,6 @@ def grader_version() -> str:
     for path in sorted(PACKAGE.rglob("*.py")):
         grader.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     return grader.hexdigest()
-
-
-class Ledger:
-    """One signed entry per (assignment, student): what a resumed run may keep."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        key = folder / ".key"
-        if not key.exists():
-            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32))
-        self._key = key.read_text().strip().encode()
-
-    def path(self, assignment_id: str, student: str) -> Path:
-        name = hashlib.sha256(student.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-        return self.folder / assignment_id / f"{name}.json"
-
-    def _sign(self, record: dict) -> str:
-        body = json.dumps(record, sort_keys=True, ensure_ascii=True).encode()
-        return hmac.new(self._key, body, hashlib.sha256).hexdigest()
-
-    def read(self, assignment_id: str, student: str, key: dict) -> dict | None:
-        """The saved results if the entry is genuine and was made under ``key``."""
-        try:
-            saved = json.loads(self.path(assignment_id, student).read_text())
-            record, signature = saved["record"], saved["signature"]
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
-            return None
-        if not isinstance(signature, str) or not hmac.compare_digest(signature, self._sign(record)):
-            return None
-        if record.get("key") != key or record.get("student") != student:
-            return None
-        return record.get("results")
-
-    def write(self, assignment_id: str, student: str, key: dict, results: dict) -> None:
-        record = {"student": student, "key": key, "results": results}
-        text = json.dumps({"record": record, "signature": self._sign(record)}, indent=1)
-        _write_atomically(self.path(assignment_id, student), text)
 
 
 def _resolve_seed(grading: Path, seed: int | None, force: bool) -> int:
