@@ -301,7 +301,8 @@ except pickle.UnpicklingError as err:
 #   where `kind, keys, pos, has_gauss, cached = np.random.get_state()`. Write it atomically:
 #   to a temporary file in the same folder, flushed and `os.fsync`ed, then `os.replace`d onto
 #   `path`, then the folder synced (step 4 above; only a power cut would show a missing sync,
-#   so the check cannot test this one). If writing fails, delete the temporary file and let the
+#   so the check cannot test that one, but it does count the descriptors a save leaves open:
+#   close the folder you opened). If writing fails, delete the temporary file and let the
 #   error propagate: `path` must still hold the previous checkpoint, and no other file may be
 #   left.
 # * `load_checkpoint(path, model, optimizer, scheduler)` loads it with

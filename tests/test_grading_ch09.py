@@ -78,7 +78,7 @@ def test_checkpoint_accepts_correct_loads(load):
     ch09.CHECKPOINT_LOAD.check(load, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch09.SAVE_MISTAKES, ids=range(8))
+@pytest.mark.parametrize("message,wrong", ch09.SAVE_MISTAKES, ids=range(len(ch09.SAVE_MISTAKES)))
 def test_checkpoint_names_each_wrong_save(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch09.CHECKPOINT_SAVE.check(wrong)

@@ -175,6 +175,12 @@ def _save_no_optimizer(path, model, optimizer, scheduler, step):
     _atomic(payload, path)
 
 
+def _save_folder_left_open(path, model, optimizer, scheduler, step):
+    _atomic(_payload(model, optimizer, scheduler, step), path)
+    folder = os.open(Path(path).parent, os.O_RDONLY)
+    os.fsync(folder)  # never closed
+
+
 SAVE_MISTAKES = [
     (
         "NumPy's generator is not saved, so a resumed run draws other noise. Save "
@@ -219,6 +225,12 @@ SAVE_MISTAKES = [
         "mid-copy leaves half a checkpoint at `path`. Create it next to the target: "
         "`dir=path.parent`, or `path.with_name(path.name + '.tmp')`.",
         _save_tmp_elsewhere,
+    ),
+    (
+        "the folder opened for `os.fsync` is never closed: every save leaves one file "
+        "descriptor open, and a long run reaches the process's limit. Close it in a "
+        "`finally:` (`os.close(folder)`).",
+        _save_folder_left_open,
     ),
 ]
 

@@ -157,6 +157,7 @@ RAISES = "a save that fails half-way"
 FILE_AFTER = "the file at `path` after the failed save"
 LEFT = "files the failed save left in the folder"
 ELSEWHERE = "a file outside the checkpoint's folder was being written when the save failed"
+KEPT_OPEN = "descriptors of the checkpoint's folder or its files a save left open"
 
 
 def _plain(value):
@@ -251,6 +252,18 @@ def _files_open_for_writing() -> set[tuple[int, int, int]]:
     return found
 
 
+def _descriptors_into(folder: Path) -> set[int]:
+    """This process's file descriptors that name ``folder`` or a file in it (Linux's
+    /proc/self/fd; elsewhere none are seen, so nothing is observed)."""
+    found = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if Path(os.readlink(f"/proc/self/fd/{name}")).is_relative_to(folder):
+                    found.add(int(name))
+    return found
+
+
 def _failed_save(save_fn, folder: Path, case: dict, label: str) -> dict:
     """Overwrite a good checkpoint with a save that fails: the good one must survive."""
     _, model, optimizer, _ = _build(case["seed"], case["device"])
@@ -288,16 +301,21 @@ def observe_save(fn, case: dict) -> dict:
 
     def save(path, model, optimizer, scheduler, step):
         settings = Settings(model)  # a save reads the generators and changes nothing
+        open_before = _descriptors_into(folder)
         call_answer(
             CHECKPOINT, "save_checkpoint", fn, path, model, optimizer, scheduler, step, case=label
         )
         settings.check(CHECKPOINT, "save_checkpoint", label)
+        # A folder opened to be synced and never closed: one descriptor lost per save.
+        left_open.update(_descriptors_into(folder) - open_before)
 
     names = [WEIGHTS_ONLY, *(name for name, _ in ENTRIES), RAISES, FILE_AFTER, LEFT, ELSEWHERE]
-    seen: dict = dict.fromkeys(names, NOT_REACHED)
+    seen: dict = dict.fromkeys([*names, KEPT_OPEN], NOT_REACHED)
+    left_open: set[int] = set()
     with _generators_kept(), tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+        folder = Path(tmp).resolve()
         _run_until_the_crash(case, folder / FILE, save)
+        seen[KEPT_OPEN] = len(left_open)
         seen[WEIGHTS_ONLY], payload = _load_status(folder / FILE)
         if payload is None:
             return seen
