@@ -40,11 +40,12 @@ def add_cells(path: Path, first: str | None = None, last: str | None = None) -> 
 
 # What each slow test cost (seconds, from `--durations` on two idle cores: the last full run's
 # 30 slowest, 2026-11-26, and earlier runs for the rest): a file's entry is for each of its tests,
-# a longer entry is for the tests it names and wins over the file's. The round trips have cost about a quarter less since (nbgrader runs in
-# the test's process); their order is unchanged. xdist's `worksteal` hands the first half of the
-# list to one worker and the second half to the other, and an idle worker steals from the end of
-# the other's queue. So the slow tests are dealt into the two halves, longest first, each to the
-# half with less work so far; the quick ones come last, where stealing evens them out.
+# a longer entry is for the tests it names and wins over the file's. The round trips have cost
+# about a quarter less since (nbgrader runs in the test's process); their order is unchanged.
+# xdist's `worksteal` hands the first half of the list to one worker and the second half to the
+# other, and an idle worker steals from the end of the other's queue. So the slow tests are dealt
+# into the two halves, longest first, each to the half with less work so far; the quick ones come
+# last, where stealing evens them out.
 COSTS = {
     "test_notebooks.py::test_solution_notebook_runs_twice_cleanly": 40,  # under 56 s but these:
     "test_notebooks.py::test_solution_notebook_runs_twice_cleanly[ch02": 305,  # spawns workers
