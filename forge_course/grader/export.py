@@ -9,32 +9,14 @@ the course writes goes through `csv_text`, and nbgrader's own ``nbgrader export`
 
 from __future__ import annotations
 
-import csv
-import io
-
 from nbgrader.api import MissingEntry
 from nbgrader.plugins.export import CsvExportPlugin
 
-from forge_course.grader.submission import clean_text
+from forge_course.grader.text import csv_text
 
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 NBGRADER_COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name",
                     "first_name", "email", "raw_score", "late_submission_penalty", "score",
                     "max_score"]  # fmt: skip
-
-
-def spreadsheet_safe(value: object) -> str:
-    """One line of text, with a leading ``'`` where a spreadsheet would read a formula."""
-    text = clean_text(value, 500).replace("\r", " ").replace("\n", " ")
-    return "'" + text if text.startswith(FORMULA_START) else text
-
-
-def csv_text(rows: list[list]) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
-    for row in rows:
-        writer.writerow([v if type(v) in (int, float) else spreadsheet_safe(v) for v in row])
-    return out.getvalue()
 
 
 class SafeCsvExport(CsvExportPlugin):

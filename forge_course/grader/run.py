@@ -40,7 +40,6 @@ import nbformat
 
 from forge_course.grader import assignment as assignments
 from forge_course.grader import sandbox
-from forge_course.grader.export import csv_text
 from forge_course.grader.ledger import (  # re-exported: the grader's names for them
     Ledger,
     discover,
@@ -50,11 +49,11 @@ from forge_course.grader.ledger import write_atomically as _write_atomically
 from forge_course.grader.submission import (
     CellResult,
     as_dict,
-    clean_text,
     fingerprint,
     grade_notebook,
     read_notebook,
 )
+from forge_course.grader.text import clean_text, csv_text
 from forge_course.release import REPO, build_sources, chapter_ids
 
 PACKAGE = Path(__file__).resolve().parents[1]

@@ -14,19 +14,18 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from forge_course.grader import codec, sandbox, tamper
 from forge_course.grader.assignment import Assignment
+from forge_course.grader.text import clean_text
 from forge_course.grading.core import Mistake, clean_room
 from forge_course.observe.common import Tampered
 
 MAX_NOTEBOOK_BYTES = 8 * 2**20  # a chapter's submission is well under 1 MB
 MAX_CELLS = 2000
 MAX_CELL_CHARS = 200_000
-MAX_MESSAGE = 2000  # characters of a message kept in the ledger, feedback and CSV
 
 
 @dataclass(frozen=True)
@@ -35,17 +34,6 @@ class CellResult:
     points: float
     max_points: float
     message: str = ""
-
-
-def clean_text(text: object, limit: int = MAX_MESSAGE) -> str:
-    """``text`` as valid, printable Unicode of at most ``limit`` characters: lone surrogates and
-    control characters (but newline and tab) replaced, so no writer downstream can fail on it."""
-    text = str(text).encode("utf-8", "replace").decode("utf-8")
-    text = "".join(
-        c if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cs") else "\ufffd"
-        for c in text[: limit + 1]
-    )
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def fingerprint(path: Path) -> str:

@@ -8,12 +8,11 @@ LMS's grade import), from what `results` reads of the graded class.
 
 from __future__ import annotations
 
-import csv
 import html
-import io
 import statistics
 from pathlib import Path
 
+from forge_course.grader.text import csv_text
 from forge_course.report.page import figures, render
 from forge_course.report.results import (
     NOT_AVAILABLE,
@@ -27,24 +26,6 @@ from forge_course.report.results import (
 )
 
 # --- the CSV files ------------------------------------------------------------------------
-
-
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # as `forge_course.grader.export`'s
-
-
-def csv_text(rows: list[list]) -> str:
-    """Every field quoted, and text a spreadsheet would run as a formula led by ``'``: as
-    `forge_course.grader.export.csv_text` writes (which imports nbgrader: seconds)."""
-    out = io.StringIO()
-    writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
-    for row in rows:
-        writer.writerow([v if type(v) in (int, float) else _safe(str(v)) for v in row])
-    return out.getvalue()
-
-
-def _safe(text: str) -> str:
-    text = text.replace("\r", " ").replace("\n", " ")
-    return "'" + text if text.startswith(FORMULA_START) else text
 
 
 def _r(x: float | None) -> float | str:
