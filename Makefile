@@ -30,17 +30,22 @@ $(STAMP): pyproject.toml constraints.txt
 lab: setup
 	$(BIN)/forge-course lab --port $(LAB_PORT) $(LAB_ARGS)
 
+# The suite starts hundreds of Pythons (kernels, workers, ranks) that import the course: let
+# them share its compiled bytecode, even where the machine turns writing it off (about 1.7 s
+# less per process that imports the whole package, measured here).
+WITH_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
+
 # While writing code: ruff and every test not marked slow (under 2 minutes on two cores).
 check: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -n 2 --dist worksteal -m "not slow"
+	$(WITH_BYTECODE) $(BIN)/pytest -n 2 --dist worksteal -m "not slow"
 
 # Everything (47 minutes of pytest on two idle cores when last measured); the slowest are listed at the end.
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -n 2 --dist worksteal --durations=30
+	$(WITH_BYTECODE) $(BIN)/pytest -n 2 --dist worksteal --durations=30
 
 release: setup
 	$(BIN)/forge-course release
