@@ -29,7 +29,7 @@ import sys
 import nbformat
 import pytest
 
-from forge_course.grader import export, run, sandbox
+from forge_course.grader import run, sandbox, text
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -279,7 +279,7 @@ def test_every_student_once_under_a_safe_id_and_no_cell_is_a_formula(graded):
     rows += list(csv.reader(exported_csv.open(encoding="utf-8")))
     for row in rows:
         for cell in row:
-            assert not cell.startswith(export.FORMULA_START), row
+            assert not cell.startswith(text.FORMULA_START), row
             assert len(cell) < 3000
     exported = [r["student_id"] for r in csv.DictReader(exported_csv.open(encoding="utf-8"))]
     assert sorted(exported) == sorted(students)

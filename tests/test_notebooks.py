@@ -38,10 +38,16 @@ SERVER_BYTES = 300 * 2**20  # JupyterLab's own server and the Binder image aroun
 SPAWN_CELL = "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)"
 # Appended to each chapter: the kernel's peak resident memory and its largest child's (training
 # subprocesses, DataLoader workers, compile), both in kB on Linux, and the start method in force
-# at the end (no chapter may quietly go back to fork).
+# at the end (no chapter may quietly go back to fork). The kernel's own peak is its VmHWM:
+# Linux keeps `ru_maxrss` across exec, so a kernel started by a large test process would
+# report that process's memory as its own.
 PEAK_CELL = (
     "import json as _json, multiprocessing as _mp, resource as _resource\n"
-    "print(_json.dumps([_resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss,\n"
+    "try:\n"
+    "    _own = [int(l.split()[1]) for l in open('/proc/self/status') if l[:6] == 'VmHWM:'][0]\n"
+    "except OSError:  # no /proc (macOS)\n"
+    "    _own = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss\n"
+    "print(_json.dumps([_own,\n"
     "                   _resource.getrusage(_resource.RUSAGE_CHILDREN).ru_maxrss,\n"
     "                   _mp.get_start_method()]))"
 )
