@@ -8,14 +8,8 @@ import pytest
 from forge_course.check import errors, execute
 from forge_course.observe.common import Mistake, call_answer
 from forge_course.observe.shown import render
+from tests.answers.ch04 import TRAIN_STEP_NO_ZERO_GRAD
 
-NO_ZERO_GRAD = """
-def train_step(model, optimizer, loss_fn, x, y):
-    loss = loss_fn(model(x), y)
-    loss.backward()
-    optimizer.step()
-    return loss.item()
-"""
 RAISES_INSIDE = """
 def scaled(loss):
     return loss * "2"
@@ -42,7 +36,7 @@ def _shown(answer: str, tmp_path) -> str:
 
 @pytest.mark.slow
 def test_a_wrong_answer_shows_the_message_and_nothing_of_the_course(tmp_path):
-    text = _shown(NO_ZERO_GRAD, tmp_path)
+    text = _shown(TRAIN_STEP_NO_ZERO_GRAD, tmp_path)
     assert text.startswith("Check failed [ch04_train_step]")
     assert "Likely mistake: `optimizer.zero_grad()` is missing" in text
     assert "forge_course" not in text and "site-packages" not in text and "File " not in text

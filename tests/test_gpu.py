@@ -12,14 +12,12 @@ import subprocess
 import sys
 import time
 
-import nbformat
 import pytest
 import torch
 
 from forge_course.grader import run, sandbox
-from forge_course.release import build_sources, generate_release
 from tests.conftest import CHAPTERS, REPO
-from tests.test_autograde import _solutions, _submission
+from tests.helpers.classes import build_class
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,25 +26,11 @@ pytestmark = [
 UNSAFE = sandbox.isolation() != "bubblewrap"  # GPU machines without bubblewrap exist
 
 
-def _class(root, chapters, answers) -> None:
-    """One submission per (student, chapter): ``answers(chapter, solved)`` gives its cells."""
-    build_sources(REPO, root / "build" / "source")
-    generate_release(root, chapters)
-    for chapter in chapters:
-        name = f"{chapter}.ipynb"
-        source = nbformat.read(root / "build" / "source" / chapter / name, as_version=4)
-        released = nbformat.read(root / "notebooks" / chapter / name, as_version=4)
-        for student, cells in answers(chapter, _solutions(source)).items():
-            path = root / "submitted" / student / chapter / name
-            path.parent.mkdir(parents=True)
-            nbformat.write(_submission(released, cells), path)
-
-
 @pytest.mark.parametrize("device", ["auto", "cpu"])
 def test_solutions_score_full_and_blanks_zero_on_a_gpu_machine(tmp_path, device):
     """As a grader runs it: `forge-course grade --device D` in a fresh process (whether this
     one has used CUDA already must not matter)."""
-    _class(tmp_path, CHAPTERS, lambda chapter, solved: {"solution": solved, "blank": {}})
+    build_class(tmp_path, CHAPTERS, lambda chapter, solved: {"solution": solved, "blank": {}})
     command = [sys.executable, "-m", "forge_course.cli", "grade", "--submitted",
                str(tmp_path / "submitted"), "--device", device, "--force"]  # fmt: skip
     env = {**os.environ, "FORGE_GRADING_DIR": str(tmp_path / "grading")}
@@ -87,7 +71,7 @@ def test_a_submission_is_held_to_its_gpu_memory(tmp_path):
         first = next(iter(solved))
         return {"greedy": {**solved, first: "import torch\n" + hog + solved[first]}}
 
-    _class(tmp_path, [chapter], answers)
+    build_class(tmp_path, [chapter], answers)
     outcomes = run.grade([chapter], submitted=tmp_path / "submitted", grading=tmp_path / "grading",
                          limits=limits, progress=False, unsafe=UNSAFE, force=True)  # fmt: skip
     results = list(outcomes[("greedy", chapter)].values())

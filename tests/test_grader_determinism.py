@@ -6,13 +6,12 @@ It is graded with one job, two and four; the third time the students' folders ar
 that they are graded in another order, beside other neighbours.
 """
 
-import nbformat
 import pytest
 
 from forge_course.grader import run
-from forge_course.release import build_sources, generate_release
-from tests.conftest import CHAPTERS, REPO
-from tests.test_autograde import _answers, _solutions, _submission
+from tests.conftest import CHAPTERS
+from tests.helpers.classes import build_class
+from tests.test_autograde import _answers
 
 pytestmark = pytest.mark.slow
 
@@ -20,20 +19,13 @@ pytestmark = pytest.mark.slow
 STUDENTS = ("solution_0", "solution_1", "wrong")
 
 
-def _class(root, folder) -> None:
-    build_sources(REPO, root / "build" / "source")
-    generate_release(root, CHAPTERS)
-    for chapter in CHAPTERS:
-        name = f"{chapter}.ipynb"
-        source = nbformat.read(root / "build" / "source" / chapter / name, as_version=4)
-        released = nbformat.read(root / "notebooks" / chapter / name, as_version=4)
-        solved = _solutions(source)
+def _class(root) -> None:
+    def answers(chapter, solved):
         cell, options = next(iter(_answers(chapter).WRONG.items()))
         wrong = {**solved, cell: options[0][0]}
-        for student in STUDENTS:
-            path = folder / student / chapter / name
-            path.parent.mkdir(parents=True)
-            nbformat.write(_submission(released, wrong if student == "wrong" else solved), path)
+        return {student: wrong if student == "wrong" else solved for student in STUDENTS}
+
+    build_class(root, CHAPTERS, answers)
 
 
 def _grade(folder, grading, jobs):
@@ -42,7 +34,7 @@ def _grade(folder, grading, jobs):
 
 
 def test_the_same_class_gets_the_same_grades_with_any_number_of_jobs_in_any_order(tmp_path):
-    _class(tmp_path, tmp_path / "submitted")
+    _class(tmp_path)
     one = _grade(tmp_path / "submitted", tmp_path / "jobs1", 1)
     two = _grade(tmp_path / "submitted", tmp_path / "jobs2", 2)
     assert one == two
