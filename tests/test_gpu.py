@@ -77,3 +77,23 @@ def test_a_submission_is_held_to_its_gpu_memory(tmp_path):
     results = list(outcomes[("greedy", chapter)].values())
     assert results[0]["points"] == 0 and "memory" in results[0]["message"].lower(), results[0]
     assert all(r["points"] == r["max_points"] for r in results[1:]), results[1:]
+
+
+def test_one_process_grades_runs_on_different_devices(tmp_path):
+    """As a Dask worker serves one run after another: a process that has opened CUDA grades
+    with ``--device cpu`` and then with ``auto``, and the solutions score full in both (the
+    devices go to the workers; the grader's own process and environment are left alone)."""
+    torch.zeros(1, device="cuda")
+    chapters = ["ch09_production_loop", "ch10_scaling_one_device"]
+    build_class(tmp_path, chapters, lambda chapter, solved: {"solution": solved})
+    for device in ("cpu", "auto"):
+        outcomes = run.grade(chapters, submitted=tmp_path / "submitted", device=device,
+                             grading=tmp_path / f"grading-{device}", progress=False,
+                             unsafe=UNSAFE, force=True)  # fmt: skip
+        lost = [
+            f"--device {device} {chapter} {cell}: {result['message']}"
+            for (_, chapter), cells in outcomes.items()
+            for cell, result in cells.items()
+            if result["points"] != result["max_points"]
+        ]
+        assert not lost, "\n".join(lost)

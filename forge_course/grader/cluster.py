@@ -91,7 +91,7 @@ _state: dict = {"settings": None, "workers": None, "assignments": {}, "folder": 
 
 def grade_remotely(assignment_id: str, source: str, notebook: bytes | None, settings: dict):
     """Results of one submission as plain data, graded in this worker's warm sandboxes."""
-    from forge_course.grader.run import _device_environment, _Workers, grader_version
+    from forge_course.grader.run import _Workers, grader_version
 
     if grader_version() != settings["grader"]:
         raise ClusterUnusable("this Dask worker runs other grader code than the run")
@@ -102,12 +102,12 @@ def grade_remotely(assignment_id: str, source: str, notebook: bytes | None, sett
         if _state["settings"] != settings:  # a new run: its seed, devices and limits
             if _state["workers"] is not None:
                 _state["workers"].close()
-            os.environ.update(FORGE_GRADING_SEED=str(settings["seed"]),
-                              **_device_environment(settings["device"]))  # fmt: skip
+            os.environ["FORGE_GRADING_SEED"] = str(settings["seed"])
             limits = sandbox.Limits(**settings["limits"])
             stage_dir = Path(tempfile.mkdtemp(dir=scratch))
             sandbox.stage(stage_dir)
-            _state.update(settings=settings, workers=_Workers(limits, None, stage_dir))
+            workers = _Workers(limits, None, stage_dir, settings["device"])
+            _state.update(settings=settings, workers=workers)
         workers = _state["workers"]
         key = (assignment_id, source)
         if key not in _state["assignments"]:

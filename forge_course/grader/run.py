@@ -233,15 +233,6 @@ def _resolve_seed(grading: Path, seed: int | None, force: bool) -> int:
     return seed
 
 
-def _device_environment(device: str) -> dict[str, str]:
-    """What tells the grader's checks and its workers which devices to use."""
-    if device == "cpu":
-        return {"FORGE_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-    if device == "cuda":
-        return {"FORGE_DEVICE": "cuda"}
-    return {}
-
-
 def grade(
     assignment_ids: list[str] | None = None,
     *,
@@ -273,12 +264,12 @@ def grade(
     work = [w for w in discover(submitted, assignment_ids) if w[1] in known]
     run_seed = _resolve_seed(grading, seed, force)
     with (
-        _env(FORGE_GRADING_SEED=str(run_seed), **_device_environment(device)),
+        _env(FORGE_GRADING_SEED=str(run_seed)),
         tempfile.TemporaryDirectory(prefix="forge-stage-") as stage_dir,
     ):
         if cluster is None:
             sandbox.stage(Path(stage_dir))
-            graders = _Workers(limits, mode, Path(stage_dir))
+            graders = _Workers(limits, mode, Path(stage_dir), device)
         else:
             graders = _on_cluster(cluster, grading, limits, run_seed, device, unsafe)
             jobs = jobs or graders.threads()
@@ -375,8 +366,9 @@ class _Workers:
     """The run's warm workers (`sandbox.Session`): each grades one submission at a time, and
     one more starts when every one is busy, so there are as many as jobs run at once."""
 
-    def __init__(self, limits: sandbox.Limits, mode: str, stage_dir: Path):
-        self.start = lambda: sandbox.Session(limits, mode, stage_dir)
+    def __init__(self, limits: sandbox.Limits, mode: str | None, stage_dir: Path, device: str):
+        devices = sandbox.device_environment(device)
+        self.start = lambda: sandbox.Session(limits, mode, stage_dir, devices)
         self.idle: list[sandbox.Session] = []
         self.all: list[sandbox.Session] = []
         self.lock = threading.Lock()

@@ -246,10 +246,23 @@ def _start_in(groups: list[Path]):
     return apply
 
 
-def _environment(home: str) -> dict[str, str]:
+def device_environment(device: str) -> dict[str, str]:
+    """What tells a worker's checks which devices to use, for ``--device`` auto, cpu or cuda."""
+    if device == "cpu":
+        return {"FORGE_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    if device == "cuda":
+        return {"FORGE_DEVICE": "cuda"}
+    return {}
+
+
+def _environment(home: str, devices: dict[str, str]) -> dict[str, str]:
     keep = ("PATH", "LANG", "LC_ALL", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "FORGE_DEVICE",
             "CUDA_VISIBLE_DEVICES")  # fmt: skip
     env = {k: os.environ[k] for k in keep if k in os.environ}
+    # The run's devices are handed to each worker, never set in the grader's own environment: a
+    # process that has opened CUDA cannot hide a GPU from itself, and one process may serve
+    # runs with different devices (a Dask worker).
+    env.update(devices)
     env.update(HOME=home, TMPDIR=home, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     env["MPLCONFIGDIR"] = f"{home}/.matplotlib"
     return env
@@ -269,8 +282,14 @@ class Session:
     job left behind, so every submission gets a fresh worker.
     """
 
-    def __init__(self, limits: Limits, mode: str | None = None, stage_dir: Path | None = None):
-        self.limits, self.mode = limits, mode or isolation()
+    def __init__(
+        self,
+        limits: Limits,
+        mode: str | None = None,
+        stage_dir: Path | None = None,
+        devices: dict[str, str] | None = None,
+    ):
+        self.limits, self.mode, self.devices = limits, mode or isolation(), devices or {}
         self._own_stage = None if stage_dir else tempfile.TemporaryDirectory(prefix="forge-stage-")
         self.stage_dir = stage_dir or stage(Path(self._own_stage.name))
         self.process: subprocess.Popen | None = None
@@ -349,7 +368,7 @@ class Session:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=self._home.name,
-            env=_environment(home),
+            env=_environment(home, self.devices),
             preexec_fn=_start_in(self._idle or self._groups),
             pass_fds=fds,
             text=True,
