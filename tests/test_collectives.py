@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from forge_course.reference import collectives
 from forge_course.reference.collectives import (
     chunk_bounds,
     gloo_all_reduce,
@@ -94,3 +95,13 @@ def test_run_ranks_stops_hanging_and_failing_ranks_in_bounded_time():
     failed = run_ranks(_rank_one_fails, 2, timeout_s=30)
     assert not failed["ok"] and "rank one fails on purpose" in failed["errors"][1]
     assert failed["seconds"] < 20
+
+
+def test_run_ranks_spawns_where_it_cannot_fork(monkeypatch):
+    """macOS and Windows: each rank a spawned interpreter, the ring's check the same."""
+    monkeypatch.setattr(collectives, "FORK_RANKS", False)
+    hung = run_ranks(_sleeps_forever, 2, timeout_s=5)
+    assert hung["timed_out"] and not hung["ok"]
+    failed = run_ranks(_rank_one_fails, 2, timeout_s=60)
+    assert not failed["ok"] and "rank one fails on purpose" in failed["errors"][1]
+    assert gloo_all_reduce([[1.0, 2.0], [10.0, 20.0]]) == [[11.0, 22.0], [11.0, 22.0]]

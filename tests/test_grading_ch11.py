@@ -300,3 +300,16 @@ def test_ddp_worker_failures_end_in_bounded_time_with_a_clear_message(monkeypatc
     with pytest.raises(Mistake, match="did not finish within 20 s"):
         ch11.check_ddp_worker(joins_a_bigger_group)
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.slow
+def test_ddp_worker_ranks_are_fresh_interpreters_where_fork_is_unsafe(settings, monkeypatch):
+    """macOS and Windows: no zygote forks the ranks; each is an interpreter of its own, and the
+    verdicts are the same: a correct answer passes, mistakes are named."""
+    monkeypatch.setattr(observe, "FORK_RANKS", False)
+    monkeypatch.setattr(observe, "_ranks_zygote", lambda: pytest.fail("a zygote was started"))
+    ch11.check_ddp_worker(as_in_the_grader(settings, answers.DDP_OWN_LOOP))
+    message, wrong = ch11.DDP_MISTAKES[0]
+    with pytest.raises(Mistake) as caught:
+        ch11.check_ddp_worker(wrong)
+    assert message in str(caught.value)

@@ -111,6 +111,15 @@ _BOOT = (
     "import json, sys; sys.path[:] = json.loads(sys.stdin.buffer.readline()); "
     "from forge_course.observe.ch11 import _serve_ranks; _serve_ranks()"
 )
+# Linux forks each case's ranks from the zygote. Elsewhere every rank is a fresh interpreter
+# of its own, as `torch.multiprocessing.spawn` starts them (Windows has no fork; macOS forks
+# unsafely once threads run): slower to start, the same ranks. Its lines: path, job.
+FORK_RANKS = sys.platform.startswith("linux")
+_RANK_BOOT = (
+    "import json, os, pickle, sys; sys.path[:] = json.loads(sys.stdin.buffer.readline()); "
+    "job = pickle.loads(bytes.fromhex(sys.stdin.buffer.readline().decode())); "
+    "from forge_course.observe.ch11 import _rank_process; _rank_process(job); os._exit(1)"
+)
 
 
 def label_ddp(case: dict) -> str:
@@ -416,8 +425,19 @@ def _start_ranks(fn, world_size: int, out_dirs: list[str], reports: str) -> dict
         }
         for rank in range(world_size)
     ]  # fmt: skip
-    deadline, timed_out, leader = time.monotonic() + DDP_TIMEOUT_S, False, None
-    codes = Path(reports, EXIT_CODES)
+    deadline = time.monotonic() + DDP_TIMEOUT_S
+    timed_out, exitcodes = (_forked_ranks if FORK_RANKS else _fresh_ranks)(jobs, deadline)
+    ranks = []
+    for rank in range(world_size):
+        path = Path(reports, f"rank{rank}.json")
+        ranks.append(json.loads(path.read_text()) if path.exists() else None)
+    return {"timed_out": timed_out, "exitcodes": exitcodes, "ranks": ranks}
+
+
+def _forked_ranks(jobs: list[dict], deadline: float) -> tuple[bool, list]:
+    """The case's ranks forked by this process's zygote: (timed out, exit codes)."""
+    timed_out, leader = False, None
+    codes = Path(jobs[0]["reports"], EXIT_CODES)
     try:
         with _zygote_lock:
             zygote = _ranks_zygote()
@@ -434,12 +454,39 @@ def _start_ranks(fn, world_size: int, out_dirs: list[str], reports: str) -> dict
         if leader is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(leader, signal.SIGKILL)  # the leader, its ranks and all they started
-    exitcodes = json.loads(codes.read_text()) if codes.exists() else [None] * world_size
+    exitcodes = json.loads(codes.read_text()) if codes.exists() else [None] * len(jobs)
+    return timed_out, exitcodes
+
+
+def _fresh_ranks(jobs: list[dict], deadline: float) -> tuple[bool, list]:
+    """Each rank a fresh interpreter: (timed out, exit codes). When one fails, the others get
+    `_FAILED_WAIT_S` to fail on their own, then go."""
     ranks = []
-    for rank in range(world_size):
-        path = Path(reports, f"rank{rank}.json")
-        ranks.append(json.loads(path.read_text()) if path.exists() else None)
-    return {"timed_out": timed_out, "exitcodes": exitcodes, "ranks": ranks}
+    for job in jobs:
+        rank = subprocess.Popen(
+            [sys.executable, "-I", "-c", _RANK_BOOT], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,  # what a rank prints never mixes with the caller's output
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        ranks.append(rank)
+        with contextlib.suppress(BrokenPipeError):
+            rank.stdin.write(json.dumps(sys.path).encode() + b"\n")
+            rank.stdin.write(pickle.dumps(job).hex().encode() + b"\n")
+            rank.stdin.close()
+    timed_out = False
+    try:
+        while any(rank.poll() is None for rank in ranks):
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            if any(rank.poll() not in (None, 0) for rank in ranks):
+                deadline = min(deadline, time.monotonic() + _FAILED_WAIT_S)
+            time.sleep(0.02)
+    finally:
+        for rank in ranks:
+            rank.kill()  # nothing if it has ended
+            rank.wait()
+    return timed_out, [rank.returncode for rank in ranks]
 
 
 def _weights(path: Path):

@@ -166,7 +166,8 @@ _RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name
 
 def _rank_main(fn: Callable, rank: int, args: tuple, out_dir: str, done) -> None:
     # Own process group: the parent can kill this rank and anything it started in one call.
-    os.setpgrp()
+    if hasattr(os, "setpgrp"):  # not on Windows, where the rank alone is killed
+        os.setpgrp()
     # A forked child must not enter the parent's OpenMP pool; one thread per rank is plenty.
     torch.set_num_threads(1)
 
@@ -202,16 +203,21 @@ def _rank_main(fn: Callable, rank: int, args: tuple, out_dir: str, done) -> None
     finish(0)
 
 
+# Fork where it is safe (Linux); elsewhere spawn, which imports ``fn`` by name in each rank.
+FORK_RANKS = sys.platform.startswith("linux")
+
+
 def run_ranks(
     fn: Callable,
     world_size: int,
     args: tuple = (),
     timeout_s: float = 60.0,
 ) -> dict:
-    """Run ``fn(rank, *args)`` in ``world_size`` forked processes; never longer than ``timeout_s``.
+    """Run ``fn(rank, *args)`` in ``world_size`` processes; never longer than ``timeout_s``.
 
-    Fork (not spawn) lets ``fn`` be a function defined in a notebook cell: nothing is pickled.
-    It also means that if the calling process has run autograd or CUDA, ``fn`` must use neither:
+    On Linux the ranks are forked, so nothing is pickled; elsewhere they are spawned, so ``fn``
+    must be importable (a module's function, as every caller in the course passes). Forking
+    means that if the calling process has run autograd or CUDA, ``fn`` must use neither:
     a child forked after either has started in the parent cannot use it (`gloo_all_reduce` needs
     neither; `forge_course.reference.ddp.gradient_scaling` forks its DDP ranks from a fresh
     interpreter that has run neither). Every rank is killed, with
@@ -222,7 +228,7 @@ def run_ranks(
         ``{"ok", "seconds", "exitcodes", "errors", "timed_out"}``: ``errors`` maps a failed rank
         to its traceback; ``timed_out`` is True when the ranks had to be killed.
     """
-    context = mp.get_context("fork")
+    context = mp.get_context("fork" if FORK_RANKS else "spawn")
     start = time.monotonic()
     done = context.Barrier(world_size)
     with tempfile.TemporaryDirectory(prefix="forge-ranks-") as out_dir:
@@ -248,7 +254,7 @@ def run_ranks(
                 time.sleep(0.02)
         finally:
             for proc in procs:
-                if proc.is_alive():
+                if proc.is_alive() and hasattr(os, "killpg"):
                     with suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.kill()  # in case it was stopped before it made its own group
