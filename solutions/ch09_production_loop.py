@@ -288,7 +288,8 @@ except pickle.UnpicklingError as err:
 #
 # Write two functions for a smaller checkpoint than the reference's:
 #
-# * `save_checkpoint(path, model, optimizer, scheduler, step)` writes **this dict** to `path`:
+# * `save_checkpoint(path, model, optimizer, scheduler, step)` writes **this dict** to `path`
+#   (a `str` or a `pathlib.Path`: accept both):
 #
 #   ```python
 #   {"model": model.state_dict(), "optimizer": optimizer.state_dict(),

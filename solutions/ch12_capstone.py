@@ -348,11 +348,15 @@ def smoke_test(make_model, make_optimizer, loss_fn, batch, steps=10):
 
 
 # %% nbgrader={"grade_id": "ch12_smoke_test_tests", "grade": true, "points": 3}
-# Visible tests: one working setup and three broken ones, on this notebook's device.
+# Visible tests: two working setups (one whose loss swings) and four broken ones, on this
+# notebook's device.
 from forge_course.grading import ch12
 
 ch12.check_smoke_test(smoke_test)
-print("smoke_test: the working setup passes, lr 0, a rebuilt loss and a missing step fail.")
+print(
+    "smoke_test: the working setups pass; lr 0, a rebuilt loss, a missing step and a loss that "
+    "dips then diverges fail."
+)
 ### BEGIN HIDDEN TESTS
 ch12.check_smoke_test(smoke_test, thorough=True)
 ### END HIDDEN TESTS

@@ -92,6 +92,18 @@ def test_checkpoint_names_each_wrong_load(message, wrong):
     assert message in str(caught.value)
 
 
+def test_a_save_that_takes_only_a_path_object_is_told_about_strings():
+    """The text says `path` is a str or a Path; the run gives a str, the failing save a Path."""
+
+    def save_for_paths_only(path, model, optimizer, scheduler, step):
+        if not isinstance(path, Path):
+            path.with_name  # what `path.with_name(...)` finds on a str: nothing  # noqa: B018
+        save_with_tempfile(path, model, optimizer, scheduler, step)
+
+    with pytest.raises(Mistake, match="raised AttributeError .*'str' object has no attribute"):
+        ch09.CHECKPOINT_SAVE.check(save_for_paths_only)
+
+
 def test_checkpoint_refuses_the_reference():
     def save(path, model, optimizer, scheduler, step):
         ref_checkpoint.save_checkpoint(path, model, optimizer, scheduler, step=step)

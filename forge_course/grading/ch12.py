@@ -36,19 +36,20 @@ from forge_course.reference import capstone as ref
 # ---------------------------------------------------------------- the smoke test's setups
 
 #: Setups a smoke test must pass (the loss falls) and must fail (it cannot, or it rises).
-WORKING = ("sgd_regression", "adam_classifier", "momentum_classifier")
+WORKING = ("sgd_regression", "adam_classifier", "momentum_classifier", "overshoot")
 BROKEN = ("lr_zero", "detached_loss", "missing_step", "lr_too_high", "dip_then_diverge")
 
 
 def smoke_cases(thorough: bool = False) -> list[dict]:
-    """Visible: one working and four broken setups on the default device. Hidden: every setup
-    on every device, other seeds, and other step counts."""
+    """Visible: two working setups (one whose loss swings) and four broken ones on the default
+    device. Hidden: every setup on every device, other seeds, and other step counts."""
     device = str(pick_device())
     if not thorough:
         return [
             {"setup": setup, "device": device, "seed": 0, "steps": 10}
             for setup in (
                 "sgd_regression",
+                "overshoot",
                 "lr_zero",
                 "detached_loss",
                 "missing_step",
@@ -72,6 +73,11 @@ def _smoke_or_equal(make_model, make_optimizer, loss_fn, batch, steps=10):
 def _smoke_ever_lower(make_model, make_optimizer, loss_fn, batch, steps=10):
     losses, _ = ref.smoke_test.__wrapped__(make_model, make_optimizer, loss_fn, batch, steps)
     return losses, min(losses) < losses[0]
+
+
+def _smoke_against_the_second_loss(make_model, make_optimizer, loss_fn, batch, steps=10):
+    losses, _ = ref.smoke_test.__wrapped__(make_model, make_optimizer, loss_fn, batch, steps)
+    return losses, losses[-1] < losses[1]
 
 
 def _smoke_no_zero_grad(make_model, make_optimizer, loss_fn, batch, steps=10):
@@ -150,6 +156,13 @@ SMOKE_MISTAKES = [
         "loss that was lower at some point and then exploded (here it fell for one step, then "
         "diverged) has not passed.",
         _smoke_ever_lower,
+    ),
+    (
+        "the verdict must compare the last loss with the first, `losses[-1] < losses[0]`: a "
+        "run whose loss falls to 0 in one step and then swings back and forth, each swing "
+        "lower, has worked (here momentum carried one weight past its minimum), but compared "
+        "with a later loss it seems not to.",
+        _smoke_against_the_second_loss,
     ),
     (
         "`optimizer.zero_grad()` is missing from the smoke test's own loop, so from step 2 on "

@@ -119,7 +119,7 @@ def _generators_kept():
             np.random.set_state(numpy)
 
 
-def _run_until_the_crash(case: dict, path: Path, save) -> list[float]:
+def _run_until_the_crash(case: dict, path: str | Path, save) -> list[float]:
     """Train from the case's seed, calling ``save`` every ``every`` steps; step ``crash_at``
     never completes. Returns the losses of the completed steps."""
     device = case["device"]
@@ -314,7 +314,8 @@ def observe_save(fn, case: dict) -> dict:
     left_open: set[int] = set()
     with _generators_kept(), tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp).resolve()
-        _run_until_the_crash(case, folder / FILE, save)
+        # The run passes a string and the failing save below a Path: the text allows both.
+        _run_until_the_crash(case, str(folder / FILE), save)
         seen[KEPT_OPEN] = len(left_open)
         seen[WEIGHTS_ONLY], payload = _load_status(folder / FILE)
         if payload is None:

@@ -69,6 +69,16 @@ def smoke_setup(case: dict):
     if setup == "dip_then_diverge":
         make_model, x, y = _dip_then_diverge(gen, device)
         loss_fn = nn.MSELoss()
+    elif setup == "overshoot":
+        # One weight, x = 1, MSE: lr 0.5 takes it to the minimum in one step (the second loss
+        # is 0), and momentum carries it past, back and forth, each swing lower. It works, not
+        # monotonically: a smoke test that compares with any loss but the first fails it.
+        x, y = torch.ones(8, 1), torch.zeros(8, 1)
+        loss_fn = nn.MSELoss()
+
+        def make_model():
+            torch.manual_seed(seed)
+            return nn.Linear(1, 1, bias=False).to(device)
     else:
         x = torch.randn(16, 4, generator=gen)
         if classify:
@@ -90,6 +100,8 @@ def smoke_setup(case: dict):
             return torch.optim.Adam(params, lr=0.01)
         if setup == "momentum_classifier":
             return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+        if setup == "overshoot":
+            return torch.optim.SGD(params, lr=0.5, momentum=0.8)
         if setup == "missing_step":
             return _NoStep(params, lr=0.1)
         lr = {"lr_zero": 0.0, "lr_too_high": 5.0}.get(setup, 0.1)
