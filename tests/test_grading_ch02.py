@@ -267,3 +267,53 @@ def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
     assert ch02.csv_dataset_cases(True) != csv_first
     assert ch02.worker_init_cases(True) != init_first
     assert ch02.worker_init_cases(False) == ch02.worker_init_cases(False)
+
+
+# ---------------------------------------------------------------- where workers are spawned
+
+# A notebook on Windows, as far as Linux can play it: no fork for the checks' workers, spawn as
+# the default, and the answers defined in `__main__` by a program that has no file (a kernel's
+# cells), so a spawned worker cannot import them by name.
+WITHOUT_FORK = """
+import json, multiprocessing
+multiprocessing.set_start_method("spawn", force=True)
+from forge_course.observe import ch02 as observe
+observe._CONTEXT = None
+from forge_course.grading import Mistake, ch02
+cells = json.loads(CELLS)
+for source in cells["run"]:
+    exec(source, globals())
+verdicts = {}
+for name, check, answer in [("csv", ch02.check_csv_dataset, ReviewsDataset),
+                            ("init", ch02.check_worker_init, worker_init_fn)]:
+    try:
+        check(answer, thorough=name == "csv")  # every spawned worker imports torch: a few
+        verdicts[name] = "passed"
+    except Mistake as mistake:
+        verdicts[name] = str(mistake)
+exec(cells["wrong"], globals())
+try:
+    ch02.check_worker_init(worker_init_fn)
+    verdicts["wrong"] = "passed"
+except Mistake as mistake:
+    verdicts["wrong"] = str(mistake)
+print(json.dumps(verdicts))
+"""
+
+
+@pytest.mark.slow
+def test_checks_hand_notebook_answers_to_spawned_workers(cells):
+    """Windows has no fork: the worker_init check's workers are spawned and receive the
+    notebook's function by value; the dataset's loader case runs without workers."""
+    import subprocess
+
+    settings, solutions = cells
+    run = [settings, solutions["ch02_csv_dataset"], solutions["ch02_worker_init"]]
+    payload = json.dumps({"run": run, "wrong": answers.INIT_WORKER_ID_ONLY})
+    program = f"CELLS = {payload!r}\n" + WITHOUT_FORK
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdicts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdicts["csv"] == "passed" and verdicts["init"] == "passed", verdicts
+    assert "depend on `worker_id` alone" in verdicts["wrong"], verdicts

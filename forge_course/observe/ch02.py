@@ -14,6 +14,7 @@ import math
 import multiprocessing
 import random
 import tempfile
+import types
 import warnings
 from itertools import combinations
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from forge_course.data import build_vocabulary, load_reviews, reviews_csv_path
+from forge_course.observe import by_value
 from forge_course.observe.common import Mistake, call_answer
 
 FAILED = "failed"  # the only key of an observation that is an error message
@@ -117,15 +119,21 @@ def _observe_csv_dataset(dataset_class, case: dict) -> dict:
         seen["open files kept by the dataset"] = _open_files(dataset)
         seen["dataset[0] of a copy made with copy.deepcopy"] = _copied_item(dataset)
         spec = case["loader"]
+        workers = spec["num_workers"]
+        if _CONTEXT is None and by_value.defined_here(type(dataset)):
+            # No fork here (Windows): a spawned worker would import the notebook's class by
+            # name, which it cannot. With no worker the batches are the same, and the copy
+            # above is what a spawned worker would have received.
+            workers = 0
         loader = DataLoader(
             dataset,
             batch_size=spec["batch_size"],
             shuffle=True,
             generator=torch.Generator().manual_seed(spec["seed"]),
             collate_fn=_items,
-            num_workers=spec["num_workers"],
-            multiprocessing_context=_CONTEXT if spec["num_workers"] else None,
-            timeout=_TIMEOUT if spec["num_workers"] else 0,
+            num_workers=workers,
+            multiprocessing_context=_CONTEXT if workers else None,
+            timeout=_TIMEOUT if workers else 0,
         )
         seen["the items of each batch of a shuffled DataLoader"] = call_answer(
             CSV_ID, "iterating a DataLoader over the dataset", list, loader
@@ -174,16 +182,31 @@ class _Draws(Dataset):
         return item
 
 
-def _in_worker(fn):
-    """The learner's ``worker_init_fn``, its error kept on the worker's copy of the dataset."""
+class _InWorker:
+    """The learner's ``worker_init_fn``, its error kept on the worker's copy of the dataset.
 
-    def init(worker_id):
+    Forked workers inherit it. Spawned ones (Windows: no fork) receive it pickled, and a
+    function defined in a notebook cell cannot be imported by name there: it travels by value.
+    """
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __reduce__(self):
+        if isinstance(self.fn, types.FunctionType):
+            return _rebuilt, (by_value.pack(self.fn),)
+        return _InWorker, (self.fn,)  # a callable object: pickled as it is
+
+    def __call__(self, worker_id: int) -> None:
         try:
-            call_answer(INIT_ID, "worker_init_fn", fn, worker_id, case="in a DataLoader worker")
+            call_answer(INIT_ID, "worker_init_fn", self.fn, worker_id,
+                        case="in a DataLoader worker")  # fmt: skip
         except Mistake as mistake:
             get_worker_info().dataset.init_error = str(mistake).removeprefix(f"[{INIT_ID}] ")
 
-    return init
+
+def _rebuilt(packed: dict) -> _InWorker:
+    return _InWorker(by_value.unpack(packed, packed["unsent"]))
 
 
 def _draws(fn, case: dict, seed: int, epochs: int) -> list[dict]:
@@ -196,7 +219,7 @@ def _draws(fn, case: dict, seed: int, epochs: int) -> list[dict]:
             _Draws(2 * workers * batch_size, seed=_DATASET_SEED),
             batch_size=batch_size,
             num_workers=workers,
-            worker_init_fn=_in_worker(fn),
+            worker_init_fn=_InWorker(fn),
             generator=torch.Generator().manual_seed(seed),
             persistent_workers=case["persistent_workers"],
             multiprocessing_context=_CONTEXT,

@@ -10,20 +10,17 @@ starts as clean as a spawned one, in a process group of its case that is killed 
 check of six cases starts torch once, not six or fourteen times.
 
 A fresh interpreter cannot import a function defined in a notebook cell, so the worker travels
-by value: its code object (`marshal`), and the globals, defaults and closure it uses,
-each by reference where it can be imported (modules, library functions and classes) and by value
-where it cannot (functions of the notebook).
+by value (`forge_course.observe.by_value`). Where fork is missing or unsafe (Windows, macOS)
+each rank is a fresh interpreter of its own instead of a fork of the zygote.
 """
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import copy
 import dis
 import importlib
 import json
-import marshal
 import os
 import pickle
 import signal
@@ -38,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from forge_course.observe import common
+from forge_course.observe import by_value, common
 from forge_course.observe.common import Mistake, call_answer
 
 RING, DDP = "ch11_ring_allreduce", "ch11_ddp_worker"
@@ -134,126 +131,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-# -- a function, by value ------------------------------------------------------------------------
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-def _defined_here(value) -> bool:
-    """Defined in a notebook cell or a script run as the main program: not importable."""
-    return getattr(value, "__module__", None) in ("__main__", "__mp_main__", None)
-
-
-class _Packer:
-    """Turns a function into plain data a fresh interpreter can rebuild it from (`_unpack`)."""
-
-    def __init__(self) -> None:
-        self.functions: dict[int, dict] = {}
-        self.namespaces: dict[int, dict] = {}
-        self.unsent: dict[str, str] = {}
-
-    def function(self, fn: types.FunctionType) -> tuple:
-        key = id(fn)
-        if key not in self.functions:
-            entry = {"code": marshal.dumps(fn.__code__), "name": fn.__name__}
-            self.functions[key] = entry
-            entry["qualname"] = fn.__qualname__
-            space = id(fn.__globals__)
-            if space not in self.namespaces:
-                self.namespaces[space] = {"name": fn.__globals__.get("__name__"), "values": {}}
-            values = self.namespaces[space]["values"]
-            for name in sorted(_global_names(fn.__code__)):
-                if name in fn.__globals__ and name not in values:
-                    values[name] = None  # taken: a function that refers to itself stops here
-                    ref = self.value(fn.__globals__[name], name)
-                    if ref is None:
-                        del values[name]
-                    else:
-                        values[name] = ref
-            entry["namespace"] = space
-            entry["defaults"] = [self.value(v, "a default") for v in fn.__defaults__ or ()]
-            keywords = fn.__kwdefaults__ or {}
-            entry["kwdefaults"] = {k: self.value(v, k) for k, v in keywords.items()}
-            entry["closure"] = [self.cell(c) for c in fn.__closure__ or ()]
-        return ("function", key)
-
-    def cell(self, cell: types.CellType) -> tuple | None:
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # a closure variable not assigned yet
-            return None
-        return self.value(contents, "a closure variable")
-
-    def value(self, value, name: str) -> tuple | None:
-        if isinstance(value, types.ModuleType):
-            return ("module", value.__name__)
-        if isinstance(value, types.FunctionType) and (
-            _defined_here(value) or value.__name__ != value.__qualname__ or not _importable(value)
-        ):
-            return self.function(value)
-        if isinstance(value, type) and _defined_here(value):
-            self.unsent[name] = f"a class defined in the notebook ({value.__name__})"
-            return None
-        try:
-            return ("pickle", pickle.dumps(value))
-        except Exception:  # noqa: BLE001  (anything that cannot be pickled stays behind)
-            self.unsent[name] = f"a {type(value).__name__}"
-            return None
-
-
-def _importable(fn: types.FunctionType) -> bool:
-    module = sys.modules.get(fn.__module__)
-    return module is not None and getattr(module, fn.__name__, None) is fn
-
-
-def _unpack(payload: dict, unsent: dict[str, str]) -> types.FunctionType:
-    """The function `_Packer` packed; globals that cannot be rebuilt here are left out and
-    named in ``unsent``, with the ones the parent could not send."""
-    namespaces = {
-        key: {"__builtins__": builtins, "__name__": space["name"] or "__main__"}
-        for key, space in payload["namespaces"].items()
-    }
-    functions = {}
-    for key, entry in payload["functions"].items():
-        code = marshal.loads(entry["code"])
-        cells = tuple(types.CellType() for _ in entry["closure"])
-        fn = types.FunctionType(code, namespaces[entry["namespace"]], entry["name"], None,
-                                cells or None)  # fmt: skip
-        fn.__qualname__ = entry["qualname"]
-        functions[key] = fn
-
-    def resolve(ref):
-        if ref is None:  # a value that could not be sent (named in `unsent`)
-            return None
-        kind, what = ref
-        if kind == "module":
-            return importlib.import_module(what)
-        if kind == "function":
-            return functions[what]
-        return pickle.loads(what)  # the parent wrote it, for this very process
-
-    for key, space in payload["namespaces"].items():
-        for name, ref in space["values"].items():
-            try:
-                namespaces[key][name] = resolve(ref)
-            except Exception as err:  # noqa: BLE001  (a global the worker may not even use)
-                unsent[name] = f"{type(err).__name__} when it was rebuilt"
-    for key, entry in payload["functions"].items():
-        fn = functions[key]
-        fn.__defaults__ = tuple(resolve(ref) for ref in entry["defaults"]) or None
-        fn.__kwdefaults__ = {k: resolve(ref) for k, ref in entry["kwdefaults"].items()} or None
-        for cell, ref in zip(fn.__closure__ or (), entry["closure"]):
-            if ref is not None:
-                cell.cell_contents = resolve(ref)
-    return functions[payload["root"]]
-
-
 # -- one rank --------------------------------------------------------------------------------
 
 _RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap}
@@ -304,7 +181,7 @@ def _rank_process(job: dict) -> None:
         os._exit(0 if error is None else 1)  # no interpreter teardown: nothing is left to wait for
 
     try:
-        fn = _unpack(job["worker"], job["unsent"])
+        fn = by_value.unpack(job["worker"], job["unsent"])
     except Exception as err:  # noqa: BLE001
         finish(f"`worker` could not be rebuilt in the rank's process: {type(err).__name__}: {err}")
         return
@@ -412,14 +289,12 @@ def _ranks_zygote() -> subprocess.Popen:
 
 def _start_ranks(fn, world_size: int, out_dirs: list[str], reports: str) -> dict:
     """Start the ranks, wait at most `DDP_TIMEOUT_S`, and kill whatever they leave behind."""
-    packer = _Packer()
-    root = packer.function(fn)[1]
-    worker = {"functions": packer.functions, "namespaces": packer.namespaces, "root": root}
+    worker = by_value.pack(fn)
     guard = getattr(common._guard, "__module__", None) or common.__name__
     port = free_port()
     jobs = [
         {
-            "worker": worker, "unsent": packer.unsent, "world_size": world_size,
+            "worker": worker, "unsent": worker["unsent"], "world_size": world_size,
             "args": (rank, world_size, port, out_dirs[rank]), "reports": reports,
             "guard": "" if guard == common.__name__ else guard, "trusted": common._trusting(),
         }
