@@ -1,4 +1,5 @@
-"""What every simulation view shares: the palette, and a display that degrades to a picture.
+"""What every simulation view shares: the palette, a display that degrades to a picture, and
+one live figure per view.
 
 `show(widget, figure)` sends one output holding both the live widget and a PNG of its default
 state. JupyterLab, Notebook 7 and Colab render the widget; a viewer without a widget front end
@@ -6,6 +7,11 @@ state. JupyterLab, Notebook 7 and Colab render the widget; a viewer without a wi
 
 The output is built from public pieces only, so it works with ipywidgets 7.6+ (Colab) and 8:
 the widget's ``model_id`` and the widget-view MIME type that every widget front end reads.
+
+`LiveFigure` is the figure a view keeps for its whole life. A slider event updates its artists
+and `refresh` renders it once into an ``ipywidgets.Image``. Building a new figure per event and
+letting the inline backend crop it (``bbox_inches="tight"`` draws the figure twice) cost most
+of a redraw (benchmarks/RESULTS.md, "Simulations").
 """
 
 from __future__ import annotations
@@ -15,11 +21,19 @@ import io
 
 import matplotlib.figure
 import matplotlib.pyplot as plt
+import numpy as np
 from IPython.display import display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from PIL import Image
 
 # The MIME type through which a front end draws a widget from its model, and the version of its
 # schema that ipywidgets 7 and 8 both write (@jupyter-widgets/schema, "widget view" v2.0).
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+# The inline backend's resolution (matplotlib's default figure.dpi), so a live view is as large
+# as the picture it replaces; zlib's fastest level, as the PNG travels only to this browser.
+LIVE_DPI = 100
+LIVE_COMPRESSION = 1
 
 # Okabe–Ito: distinguishable with every common form of colour blindness.
 PALETTE = {
@@ -51,3 +65,36 @@ def show(widget, fig: matplotlib.figure.Figure) -> None:
         WIDGET_VIEW: {"version_major": 2, "version_minor": 0, "model_id": widget.model_id},
     }
     display(bundle, raw=True)
+
+
+class LiveFigure:
+    """One figure for a view's life, outside pyplot, drawn by Agg once per `refresh`."""
+
+    def __init__(self, figsize: tuple[float, float], **kwargs) -> None:
+        self.fig = matplotlib.figure.Figure(figsize=figsize, dpi=LIVE_DPI, **kwargs)
+        FigureCanvasAgg(self.fig)
+        self._image = None
+
+    def pixels(self) -> np.ndarray:
+        """The figure drawn once, as an RGBA array (height × width × 4)."""
+        self.fig.canvas.draw()
+        return np.asarray(self.fig.canvas.buffer_rgba())
+
+    def png(self) -> bytes:
+        """The figure drawn once and encoded as PNG, without a second draw to crop it."""
+        buffer = io.BytesIO()
+        Image.fromarray(self.pixels()).save(buffer, format="png", compress_level=LIVE_COMPRESSION)
+        return buffer.getvalue()
+
+    @property
+    def image(self):
+        """The ``ipywidgets.Image`` that shows the figure (made on first use)."""
+        if self._image is None:
+            import ipywidgets as widgets
+
+            self._image = widgets.Image(format="png")
+        return self._image
+
+    def refresh(self) -> None:
+        """Send the figure as it is now to the browser: one draw, one PNG, one widget message."""
+        self.image.value = self.png()
