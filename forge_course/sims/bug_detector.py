@@ -31,7 +31,7 @@ from torch import nn
 
 from forge_course.data import make_spiral, train_val_split
 from forge_course.reference.detectors import ActivationWatch, grad_norm
-from forge_course.sims.display import PALETTE, LiveFigure, show
+from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
 
 #: Each bug's code and the line it changes, in the order the checkboxes show them.
 BUGS: dict[str, str] = {
@@ -246,7 +246,7 @@ class CurvesPicture:
             ax.relim()
             ax.autoscale_view()
         self.fig.suptitle(title or "Bug detector", fontsize=11)
-        self.fig.tight_layout()
+        tight_layout_afresh(self.fig)
 
 
 def draw(curves: dict[str, list], baseline: dict[str, list] | None = None, title: str = ""):

@@ -67,6 +67,32 @@ def show(widget, fig: matplotlib.figure.Figure) -> None:
     display(bundle, raw=True)
 
 
+def figure_pixels(fig: matplotlib.figure.Figure) -> np.ndarray:
+    """``fig`` drawn once by Agg, as an RGBA array (height × width × 4)."""
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba())
+
+
+def live_png(fig: matplotlib.figure.Figure) -> bytes:
+    """``fig`` drawn once and encoded as PNG: what a view sends per event."""
+    buffer = io.BytesIO()
+    Image.fromarray(figure_pixels(fig)).save(buffer, format="png", compress_level=LIVE_COMPRESSION)
+    return buffer.getvalue()
+
+
+def tight_layout_afresh(fig: matplotlib.figure.Figure, **kwargs) -> None:
+    """``fig.tight_layout(**kwargs)`` from a new figure's margins: tight_layout starts from the
+    current layout, and its result depends a little on it (tick locators depend on axes sizes),
+    so a live figure would drift from the one a fresh draw gives."""
+    fig.subplots_adjust(**{k: plt.rcParams[f"figure.subplot.{k}"] for k in SUBPLOT_PARAMS})
+    fig.tight_layout(**kwargs)
+
+
+SUBPLOT_PARAMS = ("left", "right", "bottom", "top", "wspace", "hspace")
+
+
 class LiveFigure:
     """One figure for a view's life, outside pyplot, drawn by Agg once per `refresh`."""
 
@@ -77,14 +103,11 @@ class LiveFigure:
 
     def pixels(self) -> np.ndarray:
         """The figure drawn once, as an RGBA array (height × width × 4)."""
-        self.fig.canvas.draw()
-        return np.asarray(self.fig.canvas.buffer_rgba())
+        return figure_pixels(self.fig)
 
     def png(self) -> bytes:
         """The figure drawn once and encoded as PNG, without a second draw to crop it."""
-        buffer = io.BytesIO()
-        Image.fromarray(self.pixels()).save(buffer, format="png", compress_level=LIVE_COMPRESSION)
-        return buffer.getvalue()
+        return live_png(self.fig)
 
     @property
     def image(self):

@@ -30,7 +30,7 @@ from forge_course.reference.training import (
     spiral_data,
     steps_per_epoch,
 )
-from forge_course.sims.display import PALETTE, LiveFigure, show
+from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
 
 #: Loop bugs the simulator can inject, and what each one does to the loop.
 BUGS = {
@@ -340,7 +340,7 @@ class TrainerPicture:
             f"batch {cfg['batch_size']}; bugs: {bugs}",
             fontsize=11,
         )
-        self.fig.tight_layout()
+        tight_layout_afresh(self.fig)
 
 
 def draw_trainer(trainer: Trainer, fig=None):
