@@ -51,9 +51,14 @@ PALETTE = {
 
 def figure_png(fig: matplotlib.figure.Figure) -> bytes:
     """The figure as PNG bytes (closed afterwards, so notebooks do not also draw it inline)."""
+    animated = [artist for artist in fig.findobj() if artist.get_animated()]
+    for artist in animated:  # a live figure's moving artists belong in the picture too
+        artist.set_animated(False)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
+    for artist in animated:
+        artist.set_animated(True)
     return buffer.getvalue()
 
 
@@ -75,10 +80,10 @@ def figure_pixels(fig: matplotlib.figure.Figure) -> np.ndarray:
     return np.asarray(fig.canvas.buffer_rgba())
 
 
-def live_png(fig: matplotlib.figure.Figure) -> bytes:
-    """``fig`` drawn once and encoded as PNG: what a view sends per event."""
+def encode_png(pixels: np.ndarray) -> bytes:
+    """An RGBA array as PNG, fast: what a view sends per event."""
     buffer = io.BytesIO()
-    Image.fromarray(figure_pixels(fig)).save(buffer, format="png", compress_level=LIVE_COMPRESSION)
+    Image.fromarray(pixels).save(buffer, format="png", compress_level=LIVE_COMPRESSION)
     return buffer.getvalue()
 
 
@@ -94,20 +99,60 @@ SUBPLOT_PARAMS = ("left", "right", "bottom", "top", "wspace", "hspace")
 
 
 class LiveFigure:
-    """One figure for a view's life, outside pyplot, drawn by Agg once per `refresh`."""
+    """One figure for a view's life, outside pyplot, drawn by Agg once per `refresh`.
+
+    A view whose events change only a few artists names them with `moving`: the rest is drawn
+    once and kept as a background, and an event draws only those artists over it, until the
+    axes move or rescale (then everything is drawn again).
+    """
 
     def __init__(self, figsize: tuple[float, float], **kwargs) -> None:
         self.fig = matplotlib.figure.Figure(figsize=figsize, dpi=LIVE_DPI, **kwargs)
         FigureCanvasAgg(self.fig)
         self._image = None
+        self._moving = None  # returns the artists an event may change, in drawing order
+        self._background, self._drawn_for = None, None
+
+    def moving(self, artists) -> None:
+        """Draw only ``artists()`` per event, over a background of everything else.
+
+        Only for a figure laid out before it is drawn (`tight_layout_afresh` in the update): a
+        layout engine lays the figure out while drawing it, which the background would skip.
+        """
+        if self.fig.get_layout_engine() is not None:
+            raise ValueError("a figure with a layout engine is laid out as it is drawn")
+        self._moving = artists
+
+    def _axes_state(self) -> tuple:
+        """What the background depends on besides the static artists: where each axes is, and
+        what it shows."""
+        return tuple(self.fig.get_size_inches()) + tuple(
+            (ax.get_position().bounds, ax.get_xlim(), ax.get_ylim(), ax.get_xscale(),
+             ax.get_yscale())
+            for ax in self.fig.axes
+        )  # fmt: skip
 
     def pixels(self) -> np.ndarray:
         """The figure drawn once, as an RGBA array (height × width × 4)."""
-        return figure_pixels(self.fig)
+        if self._moving is None:
+            return figure_pixels(self.fig)
+        canvas, artists = self.fig.canvas, [a for a in self._moving() if a is not None]
+        for artist in artists:
+            artist.set_animated(True)  # left out of the background
+        state = self._axes_state()
+        if self._background is None or state != self._drawn_for:
+            canvas.draw()
+            self._background, self._drawn_for = canvas.copy_from_bbox(self.fig.bbox), state
+        else:
+            canvas.restore_region(self._background)
+        for artist in artists:
+            if artist.get_visible():
+                self.fig.draw_artist(artist)
+        return np.asarray(canvas.buffer_rgba())
 
     def png(self) -> bytes:
         """The figure drawn once and encoded as PNG, without a second draw to crop it."""
-        return live_png(self.fig)
+        return encode_png(self.pixels())
 
     @property
     def image(self):

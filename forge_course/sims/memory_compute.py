@@ -164,6 +164,11 @@ class SegmentsPicture:
         ax_time.set_ylim(bottom=0)
         ax_time.legend(fontsize=8)
 
+    def moving_artists(self) -> list:
+        """What `update` changes; everything else stays as first drawn."""
+        return [self.mem_ring, self.ax_mem.get_legend(), self.ax_mem.title, self.time_ring,
+                self.ax_time.title]  # fmt: skip
+
     def update(self, current: int) -> None:
         plain, kib = self.plain, 1024
         chosen = next(m for m in self.rest if m.segments == current)
@@ -193,6 +198,7 @@ def memory_compute_view(n_layers: int = 16, segments: int = 4, **kwargs) -> None
     slider = widgets.IntSlider(segments, 1, n_layers, description="segments k")
     live = LiveFigure(FIGSIZE)
     picture = SegmentsPicture(live.fig, measurements)
+    live.moving(picture.moving_artists)
 
     def redraw(*_):
         picture.update(slider.value)
