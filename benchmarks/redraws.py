@@ -252,6 +252,7 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     def checkpointing_after():
         live = LiveFigure(checkpointing.FIGSIZE)
         picture = checkpointing.SegmentsPicture(live.fig, measured)
+        live.moving(picture.moving_artists)
         return lambda k: (picture.update(k), live.png())
 
     # ch11: the ring's step slider, and ZeRO's stage and ranks at 10⁹ parameters.
