@@ -346,6 +346,7 @@ def bench_redraws(rounds: int = 2, only: list[str] | None = None) -> list[str]:
     plt.switch_backend("Agg")  # off-screen, as the inline backend and the live figures draw
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the chapters set
+    where = describe(device)  # with the thread count it runs with
     rows, fast, worst = [], 0, 0.0
     try:
         chosen = [v for v in views(device) if only is None or v.name in only]
@@ -373,7 +374,7 @@ def bench_redraws(rounds: int = 2, only: list[str] | None = None) -> list[str]:
     every = "met" if worst <= EVERY_VIEW_MS else "**missed**"
     most = "met" if fast >= min(MOST_VIEWS, len(rows)) else "**missed**"
     return [
-        f"A slider moved through its values on {describe(device)}: the engine, the figure's "
+        f"A slider moved through its values on {where}: the engine, the figure's "
         "update and its PNG, before (a new figure per event, cropped by the inline backend) "
         "and after (the view's one live figure, updated and drawn once), in turn at each value. "
         "Milliseconds at the 95th percentile (median in brackets).",
