@@ -29,7 +29,6 @@ from typing import NamedTuple
 import matplotlib.pyplot as plt
 import nbformat
 import torch
-from matplotlib.figure import Figure
 from nbclient import NotebookClient
 from torch import nn
 
@@ -126,13 +125,6 @@ def _ready(update: Callable[[], object]) -> Callable[[], Callable[[], object]]:
     return lambda: update
 
 
-def _render(fig: Figure) -> None:
-    """What `display(fig)` adds to a redraw: the figure rendered by Agg, then closed. (The inline
-    backend also crops it and encodes a PNG, so a redraw row is a lower bound.)"""
-    fig.canvas.draw()
-    plt.close(fig)
-
-
 def _latency_ms(fn: Callable[[], object], repeats: int) -> tuple[float, int]:
     """(median ms, runs) of ``fn()``, after one warm-up call (imports, first allocations)."""
     fn()
@@ -150,8 +142,8 @@ def _latency_ms(fn: Callable[[], object], repeats: int) -> tuple[float, int]:
 def simulation_cases(device: torch.device) -> list[Case]:
     """Every engine's update at the defaults its chapter uses, with the issue's budgets: 50 ms
     for a view, 20 ms for the simulator's step, and the arena's 5 s for a whole training run
-    (the bug detector's new combination and the crash replay are runs too). A "redraw" row is
-    the whole widget update: the engine, the figure and its Agg render."""
+    (the bug detector's new combination and the crash replay are runs too). What a learner
+    waits for after a slider, the engine and its picture, is `benchmarks/redraws.py`."""
     from forge_course.data import build_vocabulary, encode, load_reviews, make_imbalanced
     from forge_course.sims import arena, crash_replay, pipeline, tape, trainer
     from forge_course.sims import arithmetic_timeline as timeline
@@ -164,57 +156,31 @@ def simulation_cases(device: torch.device) -> list[Case]:
     from forge_course.sims import step_through as step
     from forge_course.sims import train_vs_eval as modes
 
-    def backward_press(draw: bool):  # ch01: x or w moved (a new recording), then "backward"
+    def backward_press():  # ch01: x or w moved (a new recording), then "backward"
         recorder = tape.TapeRecorder("running example", x=2.0, w=3.0)
 
         def update():
             recorder.record("running example", 2.0, 3.0)
-            state = recorder.backward()
-            if draw:
-                _render(tape.draw_tape(state))
+            recorder.backward()
 
         return update
 
-    def composition(draw: bool):  # ch03: 900 dogs and 100 cats; the view redraws one figure
+    def composition():  # ch03: 900 dogs and 100 cats
         labels = make_imbalanced(900, 100, seed=0)[1]
-        fig, ax = plt.subplots(figsize=(10, 3))
+        return partial(sampler.composition, labels, "random", 32, seed=0, epoch=0)
 
-        def update():
-            comp = sampler.composition(labels, "random", 32, seed=0, epoch=0)
-            if draw:
-                sampler.draw_composition(comp, ax, "random, epoch 0")
-                fig.tight_layout()
-                _render(fig)
-
-        return update
-
-    def padding(draw: bool):  # ch03: the 164 reviews, batches of 8, bucket multiplier 5
+    def padding():  # ch03: the 164 reviews, batches of 8, bucket multiplier 5
         texts, _ = load_reviews()
         vocabulary = build_vocabulary(texts)
         lengths = [len(encode(text, vocabulary)) for text in texts]
-        fig, axes = plt.subplots(1, 2, figsize=(10, 6), sharey=True)
+        return lambda: [
+            sampler.epoch_batches(lengths, 8, bucketed, multiplier=5) for bucketed in (False, True)
+        ]
 
-        def update():
-            for ax, bucketed in zip(axes, (False, True)):
-                batches = sampler.epoch_batches(lengths, 8, bucketed, multiplier=5)
-                if draw:
-                    sampler.draw_padding(lengths, batches, ax, "bucketed" if bucketed else "random")
-            if draw:
-                fig.tight_layout()
-                _render(fig)
-
-        return update
-
-    def press(draw: bool):  # ch06: the view opens on two presses
+    def press():  # ch06: the view opens on two presses
         engine = modes.TrainVsEval(seed=0, p=0.5)
-        presses = [engine.press(), engine.press()]
-
-        def update():
-            presses.append(engine.press())
-            if draw:
-                _render(modes.draw_presses(presses))
-
-        return update
+        engine.press(), engine.press()
+        return engine.press
 
     bugs = {"eval_records_graph", "kept_graph"}  # ch07's starting state, 150 steps
 
@@ -222,19 +188,10 @@ def simulation_cases(device: torch.device) -> list[Case]:
         museum._CACHE.clear()  # a box ticked for the first time: no run is cached yet
         return museum.run(bugs)
 
-    def seen_combination():
-        return _render(museum.draw(museum.run(bugs), museum.run(()), museum.describe_bugs(bugs)))
-
-    def simulator(draw: bool):  # ch08: the view starts 10 epochs into the default run
+    def simulator():  # ch08: the view starts 10 epochs into the default run
         run = trainer.Trainer(trainer.SIM_CONFIG, device=device)
         run.run(10 * run.batches_per_epoch)
-
-        def update():
-            run.step()
-            if draw:
-                _render(trainer.draw_trainer(run))
-
-        return update
+        return run.step
 
     def replay():
         with tempfile.TemporaryDirectory() as folder:
@@ -242,22 +199,11 @@ def simulation_cases(device: torch.device) -> list[Case]:
 
     stack = {"n_layers": 16, "width": 64, "batch": 64, "device": str(device), "repeats": 7}
 
-    def segments_slider(draw: bool):  # ch10: the view measures every k once, up front
-        measured = checkpointing.measure_all(**stack)
-        if draw:
-            return lambda: _render(checkpointing.draw(measured, 4))
+    def segments_slider():  # ch10: the view measures every k once, up front
+        checkpointing.measure_all(**stack)
         return partial(checkpointing.measure, 4, **stack)
 
     values = [[1.0, 2.0, 3.0], [10.0, 20.0, 30.0], [100.0, 200.0, 300.0]]  # ch11's RUNNING
-
-    def ring_slider():  # ch11: both views redraw one figure
-        states = ring.ring_allreduce_steps(values)
-        ax = plt.subplots(figsize=(7.5, 6.2))[1]
-        return lambda: _render(ring.draw_ring(states, len(values) - 1, ax))
-
-    def zero_slider():  # ch11: 10⁹ parameters on 8 ranks, stage 3
-        ax = plt.subplots(figsize=(7.5, 3.6))[1]
-        return lambda: _render(ring.draw_memory(1e9, 8, 3, ax))
 
     ch00 = (10_000, 32, 3, 4)  # the running example: N, B, epochs, K
     target = str(device) if device.type != "cpu" else "meta"  # ch05's OTHER
@@ -270,40 +216,22 @@ def simulation_cases(device: torch.device) -> list[Case]:
     return [
         Case("arithmetic_timeline", "timeline of N=10,000, B=32, 3 epochs, K=4 (ch00)", 50,
              _ready(partial(timeline.timeline, *ch00))),
-        Case("arithmetic_timeline", "redraw: timeline + draw_timeline (ch00)", 50,
-             _ready(lambda: _render(timeline.draw_timeline(timeline.timeline(*ch00))))),
         Case("tape", "record + backward of the running example (ch01)", 50,
-             lambda: backward_press(draw=False)),
-        Case("tape", "redraw: record + backward + draw_tape (ch01)", 50,
-             lambda: backward_press(draw=True)),
+             backward_press),
         Case("pipeline", "plan_epoch of N=100, B=16, shuffled, 2 workers (ch02)", 50, _ready(plan)),
-        Case("pipeline", "redraw: plan_epoch + draw_plan (ch02)", 50,
-             _ready(lambda: _render(pipeline.draw_plan(plan())))),
         Case("sampler_view", "composition of a random sampler's epoch, B=32 (ch03)", 50,
-             lambda: composition(draw=False)),
-        Case("sampler_view", "redraw: composition + draw_composition (ch03)", 50,
-             lambda: composition(draw=True)),
+             composition),
         Case("sampler_view", "padding: random and bucketed batches of 8 (ch03)", 50,
-             lambda: padding(draw=False)),
-        Case("sampler_view", "redraw: both epochs' batches + draw_padding (ch03)", 50,
-             lambda: padding(draw=True)),
+             padding),
         Case("step_through", "all six stages of the running example (ch04)", 50, _ready(stages)),
-        Case("step_through", "redraw: stages + draw_stage (ch04)", 50,
-             _ready(lambda: _render(step.draw_stage(stages(), 0)))),
         Case("module_explorer", f"explore_preset: MLP, plain list, .to('{target}') (ch05)", 50,
              _ready(explore)),
-        Case("module_explorer", "redraw: explore_preset + draw (ch05)", 50,
-             _ready(lambda: _render(explorer.draw(explore(), target=target)))),
         Case("train_vs_eval", "one press: two forwards, saved bytes counted (ch06)", 50,
-             lambda: press(draw=False)),
-        Case("train_vs_eval", "redraw: press + draw_presses (ch06)", 50, lambda: press(draw=True)),
+             press),
         Case("bug_detector", "a new combination: 150 training steps, 2 bugs on (ch07)", 5000,
              _ready(new_combination)),
-        Case("bug_detector", "redraw: a combination seen before, from the cache (ch07)", 50,
-             _ready(seen_combination)),
         Case("trainer", "one simulator step, 10 epochs in (ch08)", 20,
-             lambda: simulator(draw=False)),
-        Case("trainer", "redraw: one step + draw_trainer (ch08)", 50, lambda: simulator(draw=True)),
+             simulator),
         Case("arena", "a 20-epoch run of the default Adam config, 200 steps (ch08)", 5000,
              _ready(partial(arena.run_arena, adam, device=device))),
         Case("pipeline_builder", "a click: build_loop + loop_html, all components (ch09)", 50,
@@ -311,21 +239,17 @@ def simulation_cases(device: torch.device) -> list[Case]:
         Case("crash_replay", "replay: 3 processes, one killed at step 23, resumed (ch09)", 5000,
              _ready(replay)),
         Case("memory_compute", "slider: measure(k=4) from the view's cache (ch10)", 50,
-             lambda: segments_slider(draw=False)),
-        Case("memory_compute", "redraw: draw of the 17 measurements (ch10)", 50,
-             lambda: segments_slider(draw=True)),
+             segments_slider),
         Case("ring_allreduce", "ring_allreduce_steps of 3 workers × 3 floats (ch11)", 50,
              _ready(partial(ring.ring_allreduce_steps, values))),
-        Case("ring_allreduce", "redraw: draw_ring of one step (ch11)", 50, ring_slider),
         Case("ring_allreduce", "memory_rows: 10⁹ parameters, 8 ranks (ch11)", 50,
              _ready(partial(ring.memory_rows, 1e9, 8))),
-        Case("ring_allreduce", "redraw: draw_memory at ZeRO stage 3 (ch11)", 50, zero_slider),
     ]  # fmt: skip
 
 
 def bench_simulations(repeats: int, cases: list[Case] | None = None) -> list[str]:
     device = pick_device()
-    plt.switch_backend("Agg")  # redraws render off-screen, as the notebook's inline backend does
+    plt.switch_backend("Agg")  # off-screen: an engine that draws must not open a window
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the chapters set: the models are tiny and the machine shared
     rows = [
@@ -694,6 +618,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:  # three processes, each importing torch: seconds, not a quick look
             cases = [case for case in cases if case.engine != "crash_replay"]
         lines += ["## Simulations", ""] + bench_simulations(3 if args.quick else 20, cases) + [""]
+        from redraws import TITLE as REDRAWS_TITLE  # benchmarks/redraws.py, beside this script
+        from redraws import bench_redraws
+
+        lines += [REDRAWS_TITLE, ""] + bench_redraws(1 if args.quick else 2) + [""]
         lines += ["## Grading", ""] + bench_grading(tmp, repeats, 1 if args.quick else 2) + [""]
         if not args.quick:  # minutes
             lines += bench_large_class(tmp, 300) + [""]

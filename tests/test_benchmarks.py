@@ -51,3 +51,36 @@ def test_claims_are_measured_not_quoted():
     checkpoint = claim("checkpointing")
     assert "2,359,296 bytes plain" in checkpoint and "at worst 638,976" in checkpoint
     assert "not measured with `--quick`" in claim("torch.compile")
+
+
+redraws_spec = importlib.util.spec_from_file_location("redraws", REPO / "benchmarks" / "redraws.py")
+redraws = importlib.util.module_from_spec(redraws_spec)
+redraws_spec.loader.exec_module(redraws)
+
+
+def test_every_slider_view_has_a_redraw_row():
+    # Every module with a view that redraws a figure per event: the pipeline builder shows
+    # HTML, and the arena redraws after a training run of seconds, not a slider.
+    drawn = {
+        path.stem
+        for path in (REPO / "forge_course" / "sims").glob("*.py")
+        if "_view(" in path.read_text() and path.stem not in {"pipeline_builder", "arena"}
+    }
+    covered = {view.name.split(" ")[0] for view in redraws.views(torch.device("cpu"))}
+    assert drawn - covered == set(), f"no redraw sweep for {sorted(drawn - covered)}"
+
+
+def test_redraw_rows_give_both_paths_at_the_95th_percentile_with_a_verdict():
+    rows = redraws.bench_redraws(rounds=1, only=["step_through", "ring_allreduce (ZeRO)"])
+    table = rows[rows.index("| --- | --- | --- | --- | --- | --- | --- |") + 1 : -2]
+    assert [row.split(" | ")[0] for row in table] == ["| step_through", "| ring_allreduce (ZeRO)"]
+    for row in table:
+        cells = row.strip("| ").split(" | ")
+        assert cells[-1] in {"≤ 50 ms", "≤ 100 ms", "**over 100 ms**"}, row
+        assert cells[-2].endswith("×"), row
+    assert rows[-1].startswith("Every view at most 100 ms at p95: "), rows[-1]
+
+
+def test_the_95th_percentile_lies_between_the_nearest_samples():
+    assert redraws.p95([float(v) for v in range(1, 21)]) == 19.05  # 0.95 of the way: 19 → 20
+    assert redraws.p95([7.0]) == 7.0

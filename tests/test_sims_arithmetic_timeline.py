@@ -117,9 +117,10 @@ def test_a_preset_sets_every_control_and_redraws_once(monkeypatch):
     pytest.importorskip("ipywidgets")
     shown, drawn = [], []
     monkeypatch.setattr(sim, "show", lambda widget, fig: shown.append(widget))
-    monkeypatch.setattr(sim, "display", lambda fig: None)
     real_draw = sim.draw_timeline
-    monkeypatch.setattr(sim, "draw_timeline", lambda tl: drawn.append(tl) or real_draw(tl))
+    monkeypatch.setattr(
+        sim, "draw_timeline", lambda tl, fig=None: drawn.append(tl) or real_draw(tl, fig)
+    )
     sim.arithmetic_timeline_view()
     preset, controls = shown[0].children[0], shown[0].children[1]
     drawn.clear()
@@ -131,3 +132,17 @@ def test_a_preset_sets_every_control_and_redraws_once(monkeypatch):
     )  # fmt: skip
     controls.children[1].children[1].value = True  # drop_last
     assert drawn[-1].drop_last and drawn[-1].dropped == 4
+
+
+def test_a_figure_redrawn_along_the_sliders_equals_one_drawn_fresh():
+    import numpy as np
+
+    from forge_course.sims.display import LiveFigure
+
+    live = LiveFigure((10, 2.2))
+    for values in ((10_000, 32, 3, 4), (100, 16, 6, 4, True), (1_000, 64, 5, 1), (100, 16, 3, 4)):
+        sim.draw_timeline(sim.timeline(*values), live.fig)
+        live.pixels()
+    fresh = LiveFigure((10, 2.2))
+    sim.draw_timeline(sim.timeline(100, 16, 3, 4), fresh.fig)
+    assert np.array_equal(live.pixels(), fresh.pixels())

@@ -117,3 +117,19 @@ def test_draw_and_the_view_render_headless(clean):
     assert [ax.get_title() for ax in fig.axes] == [panel[2] for panel in bd.PANELS]
     bd.bug_detector_view(initial={"kept_graph"}, steps=30, seed=0)
     assert "validate without model.eval()" in bd.describe_bugs({"no_eval_mode"})
+
+
+def test_a_picture_updated_run_after_run_equals_one_drawn_fresh(clean):
+    import numpy as np
+
+    from forge_course.sims.display import LiveFigure
+
+    live = LiveFigure(bd.FIGSIZE)
+    picture = bd.CurvesPicture(live.fig)
+    for bugs in ({"kept_graph"}, {"no_eval_mode", "stale_head"}, {"no_eval_mode"}):
+        picture.update(bd.run(bugs, STEPS, seed=0), clean, bd.describe_bugs(bugs))
+        live.pixels()
+    fresh = LiveFigure(bd.FIGSIZE)
+    last = bd.run({"no_eval_mode"}, STEPS, seed=0)
+    bd.CurvesPicture(fresh.fig).update(last, clean, bd.describe_bugs({"no_eval_mode"}))
+    assert np.array_equal(live.pixels(), fresh.pixels())

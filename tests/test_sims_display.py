@@ -31,3 +31,31 @@ def test_show_sends_the_widget_and_its_picture(monkeypatch):
     # ipywidgets 8's own bundle for the widget (7 has none): the same view, so Lab draws the same.
     own = box._repr_mimebundle_()
     assert own[WIDGET_VIEW] == bundle[WIDGET_VIEW]
+
+
+def test_a_live_figure_redraws_its_moving_artists_and_its_still_picture_keeps_them():
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from forge_course.sims.display import LiveFigure, figure_png
+
+    live = LiveFigure((3, 2))
+    ax = live.fig.subplots()
+    ax.plot([0, 1], [0, 1], color="black")
+    marker = ax.plot([0.5], [0.5], "o", color="red", ms=12)[0]
+    live.moving(lambda: [marker])
+    first = live.pixels().copy()
+    marker.set_data([0.2], [0.8])
+    moved = live.pixels().copy()  # drawn over the kept background
+    marker.set_data([0.5], [0.5])
+    assert np.array_equal(live.pixels(), first), "the background was kept clean of the marker"
+    assert not np.array_equal(moved, first)
+
+    def red_pixels(png):
+        rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+        return int(((rgb[..., 0] > 200) & (rgb[..., 1] < 80)).sum())
+
+    assert red_pixels(figure_png(live.fig)) > 0, "the still picture has the moving marker"
+    assert marker.get_animated(), "and the live figure keeps drawing it apart"

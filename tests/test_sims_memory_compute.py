@@ -38,3 +38,21 @@ def test_draw_marks_the_chosen_segment_count():
     assert speed.get_xlabel() and speed.get_ylabel()
     assert "×" in speed.get_title()
     matplotlib.pyplot.close(fig)
+
+
+def test_a_picture_moved_along_the_slider_equals_one_drawn_fresh():
+    import numpy as np
+
+    from forge_course.sims.display import LiveFigure
+    from forge_course.sims.memory_compute import FIGSIZE, SegmentsPicture
+
+    measured = mc.measure_all(n_layers=4, width=8, batch=4, device="cpu", repeats=1)
+    live = LiveFigure(FIGSIZE)
+    picture = SegmentsPicture(live.fig, measured)
+    live.moving(picture.moving_artists)  # as the view does: only the rings and titles redrawn
+    for k in (4, 1, 3, 2):
+        picture.update(k)
+        live.pixels()
+    fresh = LiveFigure(FIGSIZE)
+    SegmentsPicture(fresh.fig, measured).update(2)
+    assert np.array_equal(live.pixels(), fresh.pixels())

@@ -86,3 +86,24 @@ def test_draw_marks_unregistered_rows_and_left_behind_devices():
     assert "27 of 139 values" in fig.axes[0].get_title(loc="left")
     left_behind = [t for t in fig.axes[0].texts if t.get_text() == "cpu"]
     assert len(left_behind) == 2 and all(t.get_fontweight() == "bold" for t in left_behind)
+
+
+def test_a_figure_redrawn_along_the_choices_equals_one_drawn_fresh():
+    import numpy as np
+
+    from forge_course.sims.display import LiveFigure
+
+    def drawn(live, model, container, moved_to):
+        exploration = mx.explore_preset(model, container, moved_to=moved_to)
+        live.fig.set_size_inches(mx.figsize(exploration))  # as the view does
+        mx.draw(exploration, live.fig.axes[0], target=moved_to)
+
+    live = LiveFigure((11, 1.4))
+    live.fig.subplots()
+    for (model, container), moved_to in zip(PRESETS, ["meta", None, "meta", None, "meta"]):
+        drawn(live, model, container, moved_to)
+        live.pixels()
+    fresh = LiveFigure((11, 1.4))
+    fresh.fig.subplots()
+    drawn(fresh, model, container, moved_to)
+    assert np.array_equal(live.pixels(), fresh.pixels())

@@ -158,3 +158,17 @@ def test_the_view_builds_its_widgets_and_fallback(capsys):
     pipeline_view(n=20, batch_size=4, num_workers=0)
     shown = capsys.readouterr().out
     assert "application/vnd.jupyter.widget-view+json" in shown and "image/png" in shown
+
+
+def test_a_figure_redrawn_along_the_sliders_equals_one_drawn_fresh():
+    import numpy as np
+
+    from forge_course.sims.display import LiveFigure
+
+    live = LiveFigure((11, 1.5))
+    for n, batch_size, workers in ((100, 16, 2), (30, 4, 0), (100, 32, 4), (50, 8, 1)):
+        draw_plan(plan_epoch(n, batch_size, shuffle=True, num_workers=workers), live.fig)
+        live.pixels()
+    fresh = LiveFigure((11, 1.5))
+    draw_plan(plan_epoch(50, 8, shuffle=True, num_workers=1), fresh.fig)
+    assert np.array_equal(live.pixels(), fresh.pixels())

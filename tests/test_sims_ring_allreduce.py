@@ -66,3 +66,25 @@ def test_drawing_every_step_into_one_axes_ends_on_the_last():
     plt.close(fig2)
     assert ax.get_title().startswith("Ring all-reduce, 4 workers: step 6 of 6")
     assert ax2.get_ylabel() and ax2.get_xlabel().endswith("ZeRO-3 / FSDP: + parameters sharded)")
+
+
+def test_figures_redrawn_along_the_sliders_equal_ones_drawn_fresh():
+    import numpy as np
+
+    from forge_course.sims.display import LiveFigure
+    from forge_course.sims.ring_allreduce import ring_allreduce_steps
+
+    states = ring_allreduce_steps([[1.0, 2.0, 3.0], [10.0, 20.0, 30.0], [100.0, 200.0, 300.0]])
+    ring, memory = LiveFigure((7.5, 6.2)), LiveFigure((7.5, 3.6))
+    ring_ax, memory_ax = ring.fig.subplots(), memory.fig.subplots()
+    for index in range(len(states)):
+        draw_ring(states, index, ring_ax)
+        ring.pixels()
+    for params, ranks, stage in ((1e9, 8, 0), (3e6, 64, 3), (1e12, 1, 1), (2e9, 4, 2)):
+        draw_memory(params, ranks, stage, memory_ax)
+        memory.pixels()
+    fresh_ring, fresh_memory = LiveFigure((7.5, 6.2)), LiveFigure((7.5, 3.6))
+    draw_ring(states, len(states) - 1, fresh_ring.fig.subplots())
+    draw_memory(2e9, 4, 2, fresh_memory.fig.subplots())
+    assert np.array_equal(ring.pixels(), fresh_ring.pixels())
+    assert np.array_equal(memory.pixels(), fresh_memory.pixels())

@@ -128,3 +128,38 @@ def test_static_figures_draw_without_widgets():
     fig = sv.draw_shards(10, 3)
     labels = [t.get_text() for t in fig.axes[0].texts]
     assert labels[::2] == ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "0", "1"]
+
+
+def test_figures_redrawn_along_the_sliders_equal_ones_drawn_fresh():
+    from forge_course.sims.display import LiveFigure, tight_layout_afresh
+
+    labels = make_imbalanced(900, 100, seed=0)[1]
+    lengths = [3, 17, 5, 40, 12, 8, 25, 9, 31, 2, 14, 22] * 4
+
+    def composition_drawn(live, sampler, batch_size):
+        sv.draw_composition(sv.composition(labels, sampler, batch_size, seed=0),
+                            live.fig.axes[0], sampler)  # fmt: skip
+        tight_layout_afresh(live.fig)  # as the view does
+
+    def padding_drawn(live, batch_size, multiplier):
+        for ax, bucketed in zip(live.fig.axes, (False, True)):
+            batches = sv.epoch_batches(lengths, batch_size, bucketed, multiplier=multiplier)
+            sv.draw_padding(lengths, batches, ax, f"{batch_size}, {multiplier}")
+        tight_layout_afresh(live.fig)
+
+    composition, padding = LiveFigure((10, 3)), LiveFigure((10, 6))
+    composition.fig.subplots()
+    padding.fig.subplots(1, 2, sharey=True)
+    for sampler, batch_size in (("random", 32), ("weighted", 8), ("distributed", 128)):
+        composition_drawn(composition, sampler, batch_size)
+        composition.pixels()
+    for batch_size, multiplier in ((8, 5), (2, 25), (32, 1), (4, 3)):
+        padding_drawn(padding, batch_size, multiplier)
+        padding.pixels()
+    fresh_composition, fresh_padding = LiveFigure((10, 3)), LiveFigure((10, 6))
+    fresh_composition.fig.subplots()
+    fresh_padding.fig.subplots(1, 2, sharey=True)
+    composition_drawn(fresh_composition, "distributed", 128)
+    padding_drawn(fresh_padding, 4, 3)
+    assert np.array_equal(composition.pixels(), fresh_composition.pixels())
+    assert np.array_equal(padding.pixels(), fresh_padding.pixels())

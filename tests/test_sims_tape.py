@@ -127,3 +127,26 @@ def test_draw_tape_labels_every_node():
     assert [t.split("\n")[0] for t in texts] == [node.kind for node in state.nodes]
     assert "x = 2\n+64  →  .grad 64" in texts[3]
     assert "after 1 backward call" in fig.axes[0].get_title()
+
+
+def test_a_figure_redrawn_along_the_controls_equals_one_drawn_fresh():
+    import numpy as np
+
+    from forge_course.sims.display import LiveFigure
+    from forge_course.sims.tape import figsize
+
+    def drawn(live, state):
+        live.fig.set_size_inches(figsize(state))  # as the view does
+        draw_tape(state, live.fig.axes[0])
+
+    live = LiveFigure((6.4, 1.6))
+    live.fig.subplots()
+    tape = TapeRecorder("running example", 2.0, 3.0)
+    for expression in EXPRESSIONS:
+        drawn(live, tape.record(expression, -1.5, 2.0))
+        drawn(live, tape.backward())
+        live.pixels()
+    fresh = LiveFigure((6.4, 1.6))
+    fresh.fig.subplots()
+    drawn(fresh, TapeRecorder(expression, -1.5, 2.0).backward())
+    assert np.array_equal(live.pixels(), fresh.pixels())

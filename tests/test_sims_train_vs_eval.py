@@ -187,3 +187,25 @@ def test_the_view_opens_on_two_presses_and_its_buttons_answer(monkeypatch):
     plt.close(shown["f"])
     forward.click()
     reset.click()
+
+
+def test_a_picture_updated_press_after_press_equals_one_drawn_fresh():
+    import numpy as np
+
+    from forge_course.sims.display import LiveFigure
+    from forge_course.sims.train_vs_eval import PressesPicture, _figsize
+
+    sim = TrainVsEval(seed=0)
+    presses = [sim.press(), sim.press()]
+    live = LiveFigure(_figsize(2), layout="constrained")
+    picture = PressesPicture.for_presses(live.fig, presses)
+    picture.update(presses)
+    live.pixels()
+    for p, no_grad, keep in ((0.9, False, True), (0.0, True, False), (0.3, False, True)):
+        sim.p = p
+        presses.append(sim.press(no_grad=no_grad, keep=keep))
+        picture.update(presses)
+        live.pixels()
+    fresh = LiveFigure(_figsize(2), layout="constrained")
+    PressesPicture.for_presses(fresh.fig, presses).update(presses)
+    assert np.array_equal(live.pixels(), fresh.pixels())

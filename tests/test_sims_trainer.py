@@ -189,3 +189,25 @@ def test_the_drawing_has_a_map_and_four_metric_panels():
         "training loss (batch)", "validation accuracy", "gradient norm", "learning rate"
     ]  # fmt: skip
     matplotlib.pyplot.close(fig)
+
+
+def test_a_picture_updated_step_after_step_equals_one_drawn_fresh():
+    import numpy as np
+
+    from forge_course.sims.display import LiveFigure
+    from forge_course.sims.trainer import FIGSIZE, TrainerPicture
+
+    live = LiveFigure(FIGSIZE)
+    picture = TrainerPicture(live.fig)
+    run = Trainer(SIM_CONFIG)
+    for steps in (1, 5, 30):  # the log axes appear once a loss is positive
+        run.run(steps)
+        picture.update(run)
+        live.pixels()
+    run = Trainer({**SIM_CONFIG, "lr": 3.0}, bugs={"skip_zero_grad"})  # a new run, other scales
+    run.run(12)
+    picture.update(run)
+    live.pixels()
+    fresh = LiveFigure(FIGSIZE)
+    TrainerPicture(fresh.fig).update(run)
+    assert np.array_equal(live.pixels(), fresh.pixels())

@@ -13,12 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
-from IPython.display import display
 from matplotlib.patches import Patch, Rectangle
 
 from forge_course.reference.arithmetic import training_arithmetic
 from forge_course.reference.schedule import update_schedule
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
 
 HEAD = 8  # micro-batches shown from the start of a long epoch (at least K, to show an update)
 TAIL = 16  # ... and from its end, which holds the partial batch and the last group
@@ -228,6 +227,7 @@ def draw_timeline(tl: Timeline, fig=None):
     rows = len(tl.rows)
     if fig is None:
         fig = plt.figure(figsize=(10, 2.2 + 1.1 * rows))
+    fig.set_size_inches(10, 2.2 + 1.1 * rows)  # a figure kept by the view takes these rows
     fig.clear()
     top, bottom = fig.subplots(2, 1)
     k = tl.accum_steps
@@ -256,7 +256,7 @@ def draw_timeline(tl: Timeline, fig=None):
                    label="update with last epoch's leftover"),
     ]  # fmt: skip
     fig.legend(handles=legend, loc="lower center", ncol=4, fontsize=7.5, frameon=False)
-    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    tight_layout_afresh(fig, rect=(0, 0.09, 1, 1))
     return fig
 
 
@@ -285,18 +285,15 @@ def arithmetic_timeline_view(
         options=["(choose a preset)", *PRESETS], description="preset", style=style,
         layout=widgets.Layout(width="420px"),
     )  # fmt: skip
-    out = widgets.Output()
+    live = LiveFigure((10, 2.2))
     busy = {"setting": False}
 
     def redraw(*_):
         if busy["setting"]:
             return
-        tl = timeline(**{name: control.value for name, control in controls.items()})
-        with out:
-            out.clear_output(wait=True)
-            fig = draw_timeline(tl)
-            display(fig)
-            plt.close(fig)  # drawn once, in the output area; closed so it is not drawn again
+        draw_timeline(timeline(**{name: control.value for name, control in controls.items()}),
+                      live.fig)  # fmt: skip
+        live.refresh()
 
     def apply_preset(change):
         if change["new"] not in PRESETS:
@@ -315,7 +312,6 @@ def arithmetic_timeline_view(
     redraw()
     sliders = list(controls.values())
     box = widgets.VBox(
-        [preset, widgets.HBox([widgets.VBox(sliders[:3]), widgets.VBox(sliders[3:])]), out]
+        [preset, widgets.HBox([widgets.VBox(sliders[:3]), widgets.VBox(sliders[3:])]), live.image]
     )
-    static = draw_timeline(timeline(dataset_size, batch_size, epochs, accum_steps, drop_last))
-    show(box, static)
+    show(box, live.fig)

@@ -31,7 +31,7 @@ from torch import nn
 
 from forge_course.data import make_spiral, train_val_split
 from forge_course.reference.detectors import ActivationWatch, grad_norm
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
 
 #: Each bug's code and the line it changes, in the order the checkboxes show them.
 BUGS: dict[str, str] = {
@@ -204,6 +204,8 @@ def log_axis(ax) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
+FIGSIZE = (12, 5.6)
+
 #: The panels of `draw`: curve, y label, title, log scale.
 PANELS = (
     ("loss", "cross-entropy", "Training loss", True),
@@ -215,25 +217,42 @@ PANELS = (
 )
 
 
+class CurvesPicture:
+    """`draw`'s six panels, made once: a new run only moves the lines' data and the limits."""
+
+    def __init__(self, fig, with_baseline: bool = True) -> None:
+        self.fig = fig
+        self.axes = list(fig.subplots(2, 3).flat)
+        self.lines = []  # per panel: (this run's line, the baseline's line or None)
+        for ax, (_, ylabel, name, log) in zip(self.axes, PANELS):
+            # The baseline is drawn last, dashed: where a bug changes nothing, dashes lie on the
+            # line.
+            line = ax.plot([], [], "-", color=PALETTE["vermillion"], label="this run")[0]
+            base = None
+            if with_baseline:
+                base = ax.plot([], [], "--", color=PALETTE["grey"], label="no bug")[0]
+            self.lines.append((line, base))
+            ax.set(title=name, xlabel="step", ylabel=ylabel)
+            if log:
+                log_axis(ax)
+        self.axes[0].legend(fontsize=8)
+
+    def update(self, curves: dict[str, list], baseline: dict[str, list] | None, title: str):
+        for ax, (key, *_), lines in zip(self.axes, PANELS, self.lines):
+            for run, line in zip((curves, baseline), lines):
+                if line is not None:
+                    x = run["eval_step"] if key.startswith("val") else range(1, len(run[key]) + 1)
+                    line.set_data(list(x), run[key])
+            ax.relim()
+            ax.autoscale_view()
+        self.fig.suptitle(title or "Bug detector", fontsize=11)
+        tight_layout_afresh(self.fig)
+
+
 def draw(curves: dict[str, list], baseline: dict[str, list] | None = None, title: str = ""):
     """Six panels of a run's curves, over a dashed grey ``baseline`` (the bug-free run)."""
-    fig, axes = plt.subplots(2, 3, figsize=(12, 5.6))
-    for ax, (key, ylabel, name, log) in zip(axes.flat, PANELS):
-        # The baseline is drawn last, dashed: where a bug changes nothing, dashes lie on the line.
-        for run, colour, style, label in (
-            (curves, PALETTE["vermillion"], "-", "this run"),
-            (baseline, PALETTE["grey"], "--", "no bug"),
-        ):
-            if run is None:
-                continue
-            x = run["eval_step"] if key.startswith("val") else range(1, len(run[key]) + 1)
-            ax.plot(list(x), run[key], style, color=colour, label=label)
-        ax.set(title=name, xlabel="step", ylabel=ylabel)
-        if log:
-            log_axis(ax)
-    axes[0, 0].legend(fontsize=8)
-    fig.suptitle(title or "Bug detector", fontsize=11)
-    fig.tight_layout()
+    fig = plt.figure(figsize=FIGSIZE)
+    CurvesPicture(fig, with_baseline=baseline is not None).update(curves, baseline, title)
     return fig
 
 
@@ -246,7 +265,6 @@ def describe_bugs(bugs: Iterable[str]) -> str:
 def bug_detector_view(initial: Iterable[str] = (), steps: int = 150, seed: int = 0) -> None:
     """Checkboxes for every bug, a steps slider, a progress bar and the six panels of `draw`."""
     import ipywidgets as widgets
-    from IPython.display import display
 
     initial = set(initial)
     boxes = {
@@ -257,7 +275,8 @@ def bug_detector_view(initial: Iterable[str] = (), steps: int = 150, seed: int =
     }
     steps_slider = widgets.IntSlider(steps, 30, 300, step=30, description="steps")
     bar = widgets.IntProgress(0, 0, steps, description="training", layout={"visibility": "hidden"})
-    out = widgets.Output()
+    live = LiveFigure(FIGSIZE)
+    picture = CurvesPicture(live.fig)
 
     def chosen() -> set[str]:
         return {code for code, box in boxes.items() if box.value}
@@ -273,11 +292,8 @@ def bug_detector_view(initial: Iterable[str] = (), steps: int = 150, seed: int =
         curves = run(chosen(), n, seed, progress=tick)
         baseline = run((), n, seed, progress=tick)
         bar.layout.visibility = "hidden"
-        fig = draw(curves, baseline, describe_bugs(chosen()))
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
-        plt.close(fig)
+        picture.update(curves, baseline, describe_bugs(chosen()))
+        live.refresh()
 
     for box in boxes.values():
         box.observe(redraw, "value")
@@ -285,5 +301,4 @@ def bug_detector_view(initial: Iterable[str] = (), steps: int = 150, seed: int =
     redraw()
     columns = {"grid_template_columns": "repeat(3, max-content)", "grid_gap": "0 24px"}
     grid = widgets.GridBox(list(boxes.values()), layout=columns)
-    static = draw(run(initial, steps, seed), run((), steps, seed), describe_bugs(initial))
-    show(widgets.VBox([grid, widgets.HBox([steps_slider, bar]), out]), static)
+    show(widgets.VBox([grid, widgets.HBox([steps_slider, bar]), live.image]), live.fig)

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
 
 from forge_course.reference.checkpointing import checkpointed_forward, segment_sizes
 from forge_course.reference.memory import saved_activation_bytes
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
 
 __all__ = ["Measurement", "make_blocks", "measure", "measure_all", "draw", "memory_compute_view"]
 
@@ -118,38 +117,76 @@ def measure_all(n_layers: int = 16, **kwargs) -> list[Measurement]:
     return [measure(k, n_layers=n_layers, **kwargs) for k in range(n_layers + 1)]
 
 
+FIGSIZE = (11, 3.8)
+
+
+class SegmentsPicture:
+    """`draw`'s two panels, made once from every measurement: the slider moves only the rings
+    that mark ``k``, the legend's ``k`` and the titles."""
+
+    def __init__(self, fig, measurements: list[Measurement]) -> None:
+        self.fig, self.plain, self.rest = fig, measurements[0], measurements[1:]
+        ax_mem, ax_time = self.ax_mem, self.ax_time = fig.subplots(1, 2)
+        plain, rest, kib = self.plain, self.rest, 1024
+        ks = [m.segments for m in rest]
+        ax_mem.axhline(
+            plain.saved_bytes / kib, color=PALETTE["grey"], ls="--", label="no checkpointing"
+        )
+        ax_mem.plot(ks, [m.saved_bytes / kib for m in rest], "o-", color=PALETTE["blue"],
+                    label="kept after forward (measured)")  # fmt: skip
+        ax_mem.plot(ks, [m.peak_bytes / kib for m in rest], "s-", color=PALETTE["orange"],
+                    label="held during backward, at worst")  # fmt: skip
+        # The rings start on a measured point, so the axes' limits are those of the data.
+        first = rest[0]
+        self.mem_ring = ax_mem.plot(
+            [first.segments] * 2,
+            [first.saved_bytes / kib, first.peak_bytes / kib],
+            "o",
+            ms=12,
+            color=PALETTE["vermillion"],
+            mfc="none",
+            mew=2.5,
+        )[0]
+        ax_mem.set(xlabel="checkpoint segments k", ylabel="activation memory (KiB)")
+        ax_time.axhline(plain.ms_per_step, color=PALETTE["grey"], ls="--", label="no checkpointing")
+        ax_time.plot(ks, [m.ms_per_step for m in rest], "o-", color=PALETTE["green"],
+                     label="with k segments")  # fmt: skip
+        self.time_ring = ax_time.plot(
+            [first.segments],
+            [first.ms_per_step],
+            "o",
+            ms=12,
+            color=PALETTE["vermillion"],
+            mfc="none",
+            mew=2.5,
+        )[0]
+        ax_time.set(xlabel="checkpoint segments k", ylabel="forward + backward (ms, fastest)")
+        ax_time.set_ylim(bottom=0)
+        ax_time.legend(fontsize=8)
+
+    def moving_artists(self) -> list:
+        """What `update` changes; everything else stays as first drawn."""
+        return [self.mem_ring, self.ax_mem.get_legend(), self.ax_mem.title, self.time_ring,
+                self.ax_time.title]  # fmt: skip
+
+    def update(self, current: int) -> None:
+        plain, kib = self.plain, 1024
+        chosen = next(m for m in self.rest if m.segments == current)
+        self.mem_ring.set_data([current] * 2, [chosen.saved_bytes / kib, chosen.peak_bytes / kib])
+        self.mem_ring.set_label(f"k = {current}")
+        self.ax_mem.legend(fontsize=8)
+        share = chosen.peak_bytes / plain.saved_bytes
+        self.ax_mem.set_title(f"k = {current}: at worst {share:.0%} of the plain forward's memory")
+        self.time_ring.set_data([current], [chosen.ms_per_step])
+        self.ax_time.set_title(f"k = {current}: {chosen.ms_per_step / plain.ms_per_step:.2f}× the "
+                               "plain step's time")  # fmt: skip
+        tight_layout_afresh(self.fig)
+
+
 def draw(measurements: list[Measurement], current: int):
     """Bytes (left) and time per step (right) against the segment count; ``current`` marked."""
-    plain, rest = measurements[0], measurements[1:]
-    ks = [m.segments for m in rest]
-    chosen = next(m for m in rest if m.segments == current)
-    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(11, 3.8))
-    kib = 1024
-    ax_mem.axhline(
-        plain.saved_bytes / kib, color=PALETTE["grey"], ls="--", label="no checkpointing"
-    )
-    ax_mem.plot(ks, [m.saved_bytes / kib for m in rest], "o-", color=PALETTE["blue"],
-                label="kept after forward (measured)")  # fmt: skip
-    ax_mem.plot(ks, [m.peak_bytes / kib for m in rest], "s-", color=PALETTE["orange"],
-                label="held during backward, at worst")  # fmt: skip
-    ax_mem.plot([current] * 2, [chosen.saved_bytes / kib, chosen.peak_bytes / kib], "o", ms=12,
-                color=PALETTE["vermillion"], mfc="none", mew=2.5,
-                label=f"k = {current}")  # fmt: skip
-    ax_mem.set(xlabel="checkpoint segments k", ylabel="activation memory (KiB)",
-               title=f"k = {current}: at worst {chosen.peak_bytes / plain.saved_bytes:.0%} of the "
-               "plain forward's memory")  # fmt: skip
-    ax_mem.legend(fontsize=8)
-    ax_time.axhline(plain.ms_per_step, color=PALETTE["grey"], ls="--", label="no checkpointing")
-    ax_time.plot(ks, [m.ms_per_step for m in rest], "o-", color=PALETTE["green"],
-                 label="with k segments")  # fmt: skip
-    ax_time.plot([current], [chosen.ms_per_step], "o", ms=12, color=PALETTE["vermillion"],
-                 mfc="none", mew=2.5)  # fmt: skip
-    ax_time.set(xlabel="checkpoint segments k", ylabel="forward + backward (ms, fastest)",
-                title=f"k = {current}: {chosen.ms_per_step / plain.ms_per_step:.2f}× the plain "
-                "step's time")  # fmt: skip
-    ax_time.set_ylim(bottom=0)
-    ax_time.legend(fontsize=8)
-    fig.tight_layout()
+    fig = plt.figure(figsize=FIGSIZE)
+    SegmentsPicture(fig, measurements).update(current)
     return fig
 
 
@@ -159,15 +196,14 @@ def memory_compute_view(n_layers: int = 16, segments: int = 4, **kwargs) -> None
 
     measurements = measure_all(n_layers, **kwargs)
     slider = widgets.IntSlider(segments, 1, n_layers, description="segments k")
-    out = widgets.Output()
+    live = LiveFigure(FIGSIZE)
+    picture = SegmentsPicture(live.fig, measurements)
+    live.moving(picture.moving_artists)
 
     def redraw(*_):
-        with out:
-            out.clear_output(wait=True)
-            fig = draw(measurements, slider.value)
-            display(fig)
-            plt.close(fig)
+        picture.update(slider.value)
+        live.refresh()
 
     slider.observe(redraw, "value")
     redraw()
-    show(widgets.VBox([slider, out]), draw(measurements, segments))
+    show(widgets.VBox([slider, live.image]), live.fig)

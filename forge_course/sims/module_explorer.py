@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show
 
 SIZES = (4, 8, 8, 3)  # the chapter's running example: 4 inputs, two hidden layers of 8, 3 outputs
 CONTAINERS = ("plain list", "nn.ModuleList")
@@ -182,6 +182,11 @@ _COLUMNS = ((0.0, "module"), (0.27, "parameters"), (0.49, "buffers"), (0.83, "ho
 _DEVICE_COLUMN = 0.89
 
 
+def figsize(exploration: Exploration) -> tuple[float, float]:
+    """Inches for `draw` of ``exploration`` alone: a third of an inch per row."""
+    return (11, 0.34 * len(exploration.rows) + 1.4)
+
+
 def draw(exploration: Exploration, ax=None, target: str | None = None):
     """Draw the tree as a table: one line per submodule, unregistered ones in vermillion.
 
@@ -191,7 +196,7 @@ def draw(exploration: Exploration, ax=None, target: str | None = None):
     rows = exploration.rows
     target = _resolved(target) if target is not None else None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(11, 0.34 * len(rows) + 1.4))
+        fig, ax = plt.subplots(figsize=figsize(exploration))
     else:
         fig = ax.figure
     ax.clear()
@@ -264,16 +269,17 @@ def module_explorer_view(target: str = "meta") -> None:
         value=f"after .to('{target}')",
         description="device",
     )
-    out = widgets.Output()
+    live = LiveFigure((11, 1.4))
+    ax = live.fig.subplots()
 
     def redraw(*_):
         where = target if moved.value != "as built" else None
         exploration = explore_preset(model.value, container.value, moved_to=where)
-        with out:
-            out.clear_output(wait=True)
-            plt.show(draw(exploration, target=where))
+        live.fig.set_size_inches(figsize(exploration))  # the rows of this model
+        draw(exploration, ax, target=where)
+        live.refresh()
 
     for control in (model, container, moved):
         control.observe(redraw, "value")
     redraw()
-    show(widgets.VBox([model, container, moved, out]), _static_figure(target))
+    show(widgets.VBox([model, container, moved, live.image]), _static_figure(target))

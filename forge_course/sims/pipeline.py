@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show
 
 MAIN_PROCESS = -1  # the "worker" id of batches built by the main process (num_workers=0)
 WORKER_COLOURS = [PALETTE[c] for c in ("blue", "orange", "green", "purple", "sky", "yellow")]
@@ -214,6 +214,7 @@ def draw_plan(plan: EpochPlan, fig=None):
     height = 1.5 + 0.3 * min(rows, 26)  # inches: the stages take 1.2, each row of batches 0.3
     if fig is None:
         fig = plt.figure(figsize=(11, height))
+    fig.set_size_inches(11, height)  # a figure kept by the view takes this plan's height
     fig.clear()
     top = fig.add_axes((0.02, 1 - 1.25 / height, 0.96, 0.95 / height))
     bottom = fig.add_axes((0.2, 0.1 / height, 0.78, 1 - 1.45 / height))
@@ -236,7 +237,6 @@ def pipeline_view(
 ) -> None:
     """Widgets for the loader's settings over `draw_plan`; shows the default state as a PNG too."""
     import ipywidgets as widgets
-    from IPython.display import display
 
     style = {"description_width": "initial"}
     controls = {
@@ -250,15 +250,12 @@ def pipeline_view(
         "prefetch_factor": widgets.IntSlider(2, 1, 4, description="prefetch_factor", style=style),
         "epoch": widgets.IntSlider(0, 0, 3, description="epoch", style=style),
     }
-    out = widgets.Output()
+    live = LiveFigure((11, 1.5))
 
     def redraw(*_):
         plan = plan_epoch(seed=seed, **{name: w.value for name, w in controls.items()})
-        with out:
-            out.clear_output(wait=True)
-            fig = draw_plan(plan)
-            display(fig)
-            plt.close(fig)  # shown once, in the output widget, not again at the end of the cell
+        draw_plan(plan, live.fig)
+        live.refresh()
 
     for widget in controls.values():
         widget.observe(redraw, "value")
@@ -267,7 +264,6 @@ def pipeline_view(
     box = widgets.VBox([
         widgets.HBox([controls[k] for k in names[:4]]),
         widgets.HBox([controls[k] for k in names[4:]]),
-        out,
+        live.image,
     ])  # fmt: skip
-    static = plan_epoch(n, batch_size, shuffle, drop_last, num_workers, seed)
-    show(box, draw_plan(static))
+    show(box, live.fig)

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from forge_course.reference.collectives import STAGES, memory_per_rank, ring_allreduce_trace
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show
 
 # Colour of a chunk by how many ranks it sums so far: 1 (own value only) … N (complete).
 _PARTIAL = [PALETTE[c] for c in ("grey", "sky", "blue", "orange", "purple", "vermillion")]
@@ -120,21 +120,18 @@ def ring_view(values: list[list[float]]) -> None:
 
     states = ring_allreduce_steps(values)
     slider = widgets.IntSlider(0, 0, len(states) - 1, description="step")
-    out = widgets.Output()
-    fig, ax = plt.subplots(figsize=(7.5, 6.2))
-    plt.close(fig)
+    live = LiveFigure((7.5, 6.2))
+    ax = live.fig.subplots()
 
     def redraw(*_):
         draw_ring(states, slider.value, ax)
-        out.clear_output(wait=True)
-        with out:
-            display_figure(fig)
+        live.refresh()
 
     slider.observe(redraw, names="value")
     redraw()
     still, still_ax = plt.subplots(figsize=(7.5, 6.2))
     draw_ring(states, len(values) - 1, still_ax)  # the end of reduce-scatter
-    show(widgets.VBox([slider, out]), still)
+    show(widgets.VBox([slider, live.image]), still)
 
 
 def memory_view(params: float = 1e9, ranks: int = 8, stage: int = 0) -> None:
@@ -144,26 +141,16 @@ def memory_view(params: float = 1e9, ranks: int = 8, stage: int = 0) -> None:
     p = widgets.FloatLogSlider(params, base=10, min=6, max=12, description="parameters")
     r = widgets.IntSlider(ranks, 1, 64, description="ranks")
     s = widgets.IntSlider(stage, 0, 3, description="stage")
-    out = widgets.Output()
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
-    plt.close(fig)
+    live = LiveFigure((7.5, 3.6))
+    ax = live.fig.subplots()
 
     def redraw(*_):
         draw_memory(p.value, r.value, s.value, ax)
-        out.clear_output(wait=True)
-        with out:
-            display_figure(fig)
+        live.refresh()
 
     for widget in (p, r, s):
         widget.observe(redraw, names="value")
     redraw()
     still, still_ax = plt.subplots(figsize=(7.5, 3.6))
     draw_memory(params, ranks, stage, still_ax)
-    show(widgets.VBox([widgets.HBox([p, r, s]), out]), still)
-
-
-def display_figure(fig) -> None:
-    """Show a figure inside a widget Output (it is closed, so it is not drawn twice)."""
-    from IPython.display import display
-
-    display(fig)
+    show(widgets.VBox([widgets.HBox([p, r, s]), live.image]), still)

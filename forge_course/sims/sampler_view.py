@@ -35,7 +35,7 @@ from forge_course.reference.sampling import (
     inverse_frequency_weights,
     padding_tokens,
 )
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
 
 SAMPLERS = ("sequential", "random", "weighted", "weighted, no replacement", "distributed")
 
@@ -148,13 +148,6 @@ def draw_composition(comp: Composition, ax, title: str, names=("dogs", "cats")) 
     )
 
 
-def display_figure(fig) -> None:
-    """Show ``fig`` in the current output without closing it, so a view can redraw it."""
-    from IPython.display import display
-
-    display(fig)
-
-
 def composition_figure(labels, batch_size: int = 32, seed: int = 0, names=("dogs", "cats")):
     """Every sampler's first epoch, one row each (the view's picture without widgets)."""
     comps = [composition(labels, sampler, batch_size, seed=seed) for sampler in SAMPLERS]
@@ -182,9 +175,8 @@ def sampler_view(labels, batch_size: int = 32, seed: int = 0, names=("dogs", "ca
     world = widgets.IntSlider(3, 1, 8, description="world size")
     rank = widgets.IntSlider(0, 0, 2, description="rank")
     call_set_epoch = widgets.Checkbox(True, description="call set_epoch(epoch)")
-    out = widgets.Output()
-    fig, ax = plt.subplots(figsize=(10, 3))
-    plt.close(fig)
+    live = LiveFigure((10, 3))
+    ax = live.fig.subplots()
 
     def redraw(*_):
         rank.max = world.value - 1
@@ -199,10 +191,8 @@ def sampler_view(labels, batch_size: int = 32, seed: int = 0, names=("dogs", "ca
             title += f", rank {rank.value} of {world.value}"
         draw_composition(comp, ax, title, names)
         ax.set_xlabel("batch in the epoch")
-        with out:
-            out.clear_output(wait=True)
-            fig.tight_layout()
-            display_figure(fig)
+        tight_layout_afresh(live.fig)
+        live.refresh()
 
     for w in (sampler, size, seed_box, epoch, world, rank, call_set_epoch):
         w.observe(redraw, "value")
@@ -211,7 +201,7 @@ def sampler_view(labels, batch_size: int = 32, seed: int = 0, names=("dogs", "ca
         [widgets.HBox([sampler, size, seed_box]), widgets.HBox([epoch, world, rank]),
          call_set_epoch]
     )  # fmt: skip
-    show(widgets.VBox([controls, out]), composition_figure(labels, batch_size, seed, names))
+    show(widgets.VBox([controls, live.image]), composition_figure(labels, batch_size, seed, names))
 
 
 # ------------------------------------------------------------------------- distributed shards
@@ -356,9 +346,8 @@ def padding_view(lengths, batch_size: int = 8, multiplier: int = 5, seed: int = 
     mult = widgets.IntSlider(multiplier, 1, 25, description="multiplier")
     seed_box = widgets.BoundedIntText(seed, 0, 10_000, description="seed")
     epoch = widgets.IntSlider(0, 0, 5, description="epoch")
-    out = widgets.Output()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 6), sharey=True)
-    plt.close(fig)
+    live = LiveFigure((10, 6))
+    axes = live.fig.subplots(1, 2, sharey=True)
 
     def redraw(*_):
         options = {"seed": seed_box.value, "epoch": epoch.value}
@@ -366,13 +355,13 @@ def padding_view(lengths, batch_size: int = 8, multiplier: int = 5, seed: int = 
         bucketed = epoch_batches(lengths, size.value, True, multiplier=mult.value, **options)
         draw_padding(lengths, random_batches, axes[0], f"random batches of {size.value}")
         draw_padding(lengths, bucketed, axes[1], f"bucketed (multiplier {mult.value})")
-        with out:
-            out.clear_output(wait=True)
-            fig.tight_layout()
-            display_figure(fig)
+        tight_layout_afresh(live.fig)
+        live.refresh()
 
     for w in (size, mult, seed_box, epoch):
         w.observe(redraw, "value")
     redraw()
     controls = widgets.HBox([size, mult, seed_box, epoch])
-    show(widgets.VBox([controls, out]), padding_figure(lengths, batch_size, multiplier, seed))
+    show(
+        widgets.VBox([controls, live.image]), padding_figure(lengths, batch_size, multiplier, seed)
+    )

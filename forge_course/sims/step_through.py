@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
-from IPython.display import display
 
 from forge_course.reference.step import evaluate_linear, hand_step
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show
 
 #: The tensors shown, left to right, and the stage at which each one is computed.
 CARDS = ("x", "W", "b", "y", "t", "loss", "dL_dy", "dL_dW", "dL_db", "W_new", "b_new", "loss_new")
@@ -27,6 +26,9 @@ class Stage:
     caption: str
     values: dict[str, object] = field(default_factory=dict)
     new: tuple[str, ...] = ()
+
+
+FIGSIZE = (11, 2.6)  # inches: the six cards of one stage
 
 
 def _fmt(value) -> str:
@@ -82,7 +84,7 @@ def draw_stage(stages: list[Stage], index: int, ax=None):
     """Draw stage ``index``: new tensors orange, known ones blue, future ones grey."""
     stage = stages[index]
     if ax is None:
-        fig, ax = plt.subplots(figsize=(11, 2.6))
+        fig, ax = plt.subplots(figsize=FIGSIZE)
     else:
         fig = ax.figure
     ax.clear()
@@ -112,20 +114,17 @@ def step_through_view(W, b, x, t, lr: float = 0.01) -> None:
 
     stage_slider = widgets.IntSlider(0, 0, 5, description="stage", continuous_update=True)
     lr_slider = widgets.FloatLogSlider(lr, base=10, min=-3, max=0, description="lr")
-    out = widgets.Output()
+    live = LiveFigure(FIGSIZE)
+    ax = live.fig.subplots()
 
     def redraw(*_):
-        stages = step_through(W, b, x, t, lr_slider.value)
-        with out:
-            out.clear_output(wait=True)
-            fig = draw_stage(stages, stage_slider.value)
-            display(fig)
-            plt.close(fig)
+        draw_stage(step_through(W, b, x, t, lr_slider.value), stage_slider.value, ax)
+        live.refresh()
 
     stage_slider.observe(redraw, "value")
     lr_slider.observe(redraw, "value")
     redraw()
-    box = widgets.VBox([widgets.HBox([stage_slider, lr_slider]), out])
+    box = widgets.VBox([widgets.HBox([stage_slider, lr_slider]), live.image])
     static = plt.figure(figsize=(11, 2.6 * 3))
     stages = step_through(W, b, x, t, lr)
     for row, index in enumerate((1, 3, 5)):

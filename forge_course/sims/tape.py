@@ -20,7 +20,7 @@ import torch
 from matplotlib.patches import FancyBboxPatch
 
 from forge_course.reference.autograd_tape import recorded_graph
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show
 
 Named = dict[str, torch.Tensor]
 
@@ -240,13 +240,20 @@ def _fmt(value: float | None, sign: str = "") -> str:
     return "—" if value is None else f"{value:{sign}.4g}"
 
 
+def figsize(state: TapeState) -> tuple[float, float]:
+    """Inches for `draw_tape` of ``state``: about an inch per layer, so that three lines of
+    text fit in every box."""
+    xs = [n.position[0] for n in state.nodes] or [0.0]
+    ys = [n.position[1] for n in state.nodes] or [0.0]
+    return (max(6.4, 1.5 * (max(xs) - min(xs) + 1.5)), 1.0 * (max(ys) - min(ys)) + 1.6)
+
+
 def draw_tape(state: TapeState, ax=None, title: str | None = None):
     """Draw ``state`` as a DAG: root on top, leaves in orange, arrows the way backward walks."""
     xs = [n.position[0] for n in state.nodes] or [0.0]
     ys = [n.position[1] for n in state.nodes] or [0.0]
-    if ax is None:  # about an inch per layer, so that three lines of text fit in every box
-        width = max(6.4, 1.5 * (max(xs) - min(xs) + 1.5))
-        fig, ax = plt.subplots(figsize=(width, 1.0 * (max(ys) - min(ys)) + 1.6))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize(state))
     else:
         fig = ax.figure
     ax.clear()
@@ -303,14 +310,14 @@ def tape_view(expression: str = "running example", x=2.0, w=3.0, n: int = 3) -> 
     press_backward = widgets.Button(description="backward", button_style="primary")
     press_zero = widgets.Button(description="zero_grad")
     caption = widgets.HTML()
-    out = widgets.Output()
+    live = LiveFigure((6.4, 1.6))
+    ax = live.fig.subplots()
 
     def redraw(state: TapeState) -> None:
         caption.value = f"<b>{state.caption}</b>"
-        with out:
-            out.clear_output(wait=True)
-            fig = draw_tape(state)
-            plt.show(fig)
+        live.fig.set_size_inches(figsize(state))  # this expression's layers
+        draw_tape(state, ax)
+        live.refresh()
 
     def rerecord(*_):
         redraw(tape.record(choose.value, x_slider.value, w_slider.value, n_slider.value))
@@ -325,7 +332,7 @@ def tape_view(expression: str = "running example", x=2.0, w=3.0, n: int = 3) -> 
         widgets.HBox([x_slider, w_slider]),
         widgets.HBox([press_backward, press_zero]),
         caption,
-        out,
+        live.image,
     ])  # fmt: skip
 
     still = TapeRecorder(expression, x, w, n)

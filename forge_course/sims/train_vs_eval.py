@@ -25,9 +25,17 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import torch
 
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show
 
-__all__ = ["LiveGraphMemory", "Side", "Press", "TrainVsEval", "draw_presses", "train_vs_eval_view"]
+__all__ = [
+    "LiveGraphMemory",
+    "Side",
+    "Press",
+    "TrainVsEval",
+    "draw_presses",
+    "PressesPicture",
+    "train_vs_eval_view",
+]
 
 
 class _Held:
@@ -273,25 +281,122 @@ class TrainVsEval:
         )
 
 
-def _draw_side(ax_hidden, ax_out, side: Side, title: str) -> None:
-    ax_hidden.imshow(side.hidden, cmap="PuOr", vmin=-_VMAX, vmax=_VMAX, aspect="auto")
-    for i, row in enumerate(side.dropped):
-        for j, dropped in enumerate(row):
-            if dropped:
-                ax_hidden.add_patch(
-                    plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color=PALETTE["grey"], alpha=0.9)
+def _figsize(rows: int) -> tuple[float, float]:
+    return (12, 2.6 * rows + 2.0)
+
+
+class _SidePanels:
+    """One copy's two panels (activations after dropout, outputs), updated in place."""
+
+    def __init__(self, ax_hidden, ax_out, batch: int, hidden: int, classes: int) -> None:
+        self.ax_hidden, self.ax_out = ax_hidden, ax_out
+        blank = [[0.0] * hidden for _ in range(batch)]
+        self.hidden = ax_hidden.imshow(blank, cmap="PuOr", vmin=-_VMAX, vmax=_VMAX, aspect="auto")
+        # A grey square and a cross over every unit, shown where dropout zeroed it.
+        self.masks = [
+            [
+                (
+                    ax_hidden.add_patch(
+                        plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color=PALETTE["grey"], alpha=0.9)
+                    ),
+                    ax_hidden.text(j, i, "×", ha="center", va="center", fontsize=9),
                 )
-                ax_hidden.text(j, i, "×", ha="center", va="center", fontsize=9)
-    ax_hidden.set_title(title, fontsize=8.5, loc="left")
-    ax_hidden.set(xlabel="hidden unit (after dropout)", ylabel="example")
-    ax_hidden.set(xticks=range(len(side.hidden[0])), yticks=range(len(side.hidden)))
-    ax_out.imshow(side.outputs, cmap="PuOr", vmin=-_VMAX, vmax=_VMAX, aspect="auto")
-    for i, row in enumerate(side.outputs):
-        for j, value in enumerate(row):
-            ink = "white" if abs(value) > 0.6 * _VMAX else "black"
-            ax_out.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7.5, color=ink)
-    ax_out.set_title("outputs", fontsize=8.5)
-    ax_out.set(xlabel="class", ylabel="example", xticks=range(len(side.outputs[0])), yticks=[])
+                for j in range(hidden)
+            ]
+            for i in range(batch)
+        ]
+        ax_hidden.set(xlabel="hidden unit (after dropout)", ylabel="example")
+        ax_hidden.set(xticks=range(hidden), yticks=range(batch))
+        blank = [[0.0] * classes for _ in range(batch)]
+        self.outputs = ax_out.imshow(blank, cmap="PuOr", vmin=-_VMAX, vmax=_VMAX, aspect="auto")
+        self.values = [
+            [ax_out.text(j, i, "", ha="center", va="center", fontsize=7.5) for j in range(classes)]
+            for i in range(batch)
+        ]
+        ax_out.set_title("outputs", fontsize=8.5)
+        ax_out.set(xlabel="class", ylabel="example", xticks=range(classes), yticks=[])
+
+    def update(self, side: Side, title: str) -> None:
+        self.hidden.set_data(side.hidden)
+        for row, masks in zip(side.dropped, self.masks):
+            for dropped, (square, cross) in zip(row, masks):
+                square.set_visible(dropped)
+                cross.set_visible(dropped)
+        self.ax_hidden.set_title(title, fontsize=8.5, loc="left")
+        self.outputs.set_data(side.outputs)
+        for row, texts in zip(side.outputs, self.values):
+            for value, text in zip(row, texts):
+                text.set_text(f"{value:.2f}")
+                text.set_color("white" if abs(value) > 0.6 * _VMAX else "black")
+
+
+class PressesPicture:
+    """`draw_presses`'s picture for ``rows`` presses, its artists made once and then updated:
+    a press changes data, visibility and text, not the figure."""
+
+    def __init__(self, fig, rows: int, batch: int, hidden: int, classes: int) -> None:
+        self.fig, self.rows = fig, rows
+        grid = fig.add_gridspec(
+            rows + 1, 4, width_ratios=[8, 3, 8, 3], height_ratios=[3] * rows + [1.6]
+        )
+        self.sides = []
+        for row in range(rows):
+            axes = [fig.add_subplot(grid[row, col]) for col in range(4)]
+            self.sides.append(
+                (_SidePanels(*axes[:2], batch, hidden, classes),
+                 _SidePanels(*axes[2:], batch, hidden, classes))
+            )  # fmt: skip
+        ax = self.memory_ax = fig.add_subplot(grid[-1, :])
+        colours = [PALETTE["orange"], PALETTE["blue"], PALETTE["vermillion"]]
+        self.bars = ax.barh(range(3), [0] * 3, color=colours)
+        self.bar_texts = [ax.text(0, i, "", va="center", fontsize=8) for i in range(3)]
+        ax.invert_yaxis()
+        ax.set_xlabel("bytes saved for backward, measured with saved-tensor hooks")
+        ax.set_ylabel("measurement")
+        fig.suptitle(
+            "One batch through two copies of one model: train mode (left), eval mode (right)"
+        )
+
+    @classmethod
+    def for_presses(cls, fig, presses: list[Press]) -> PressesPicture:
+        side = presses[-1].train
+        return cls(fig, len(presses[-2:]), len(side.hidden), len(side.hidden[0]),
+                   len(side.outputs[0]))  # fmt: skip
+
+    def update(self, presses: list[Press]) -> None:
+        """Show the last ``rows`` presses and the memory of the last one."""
+        for (train_panels, eval_panels), press in zip(self.sides, presses[-self.rows :]):
+            train, evaluation = press.train, press.eval
+            grad = "under no_grad" if press.no_grad else "grad on"
+            units = len(train.dropped) * len(train.dropped[0])
+            train_panels.update(
+                train,
+                f"press {press.number} · TRAIN mode ({grad}) · "
+                f"{sum(map(sum, train.dropped))} of {units} units dropped\n"
+                f"BN subtracts this batch's mean (unit 0: {train.mean_used[0]:+.3f});\n"
+                f"its running mean moves: unit 0 now {train.running_mean[0]:+.3f}",
+            )
+            eval_panels.update(
+                evaluation,
+                f"press {press.number} · EVAL mode ({grad}) · no unit dropped\n"
+                f"BN subtracts its running mean (unit 0: {evaluation.mean_used[0]:+.3f});\n"
+                f"the running mean stays: unit 0 still {evaluation.running_mean[0]:+.3f}",
+            )
+        last = presses[-1]
+        labels = [
+            "saved by the train-mode forward",
+            "saved by the eval-mode forward",
+            f"still held: graphs of {last.kept} kept outputs",
+        ]
+        values = [last.saved_train_bytes, last.saved_eval_bytes, last.held_bytes]
+        for bar, text, value in zip(self.bars, self.bar_texts, values):
+            bar.set_width(value)
+            text.set_x(value)
+            text.set_text(f" {value:,} bytes")
+        ax = self.memory_ax
+        ax.set_yticks(range(3), labels)
+        ax.set_xlim(0, max(values + [1]) * 1.3)
+        ax.set_title(f"Memory after press {last.number}", fontsize=9, loc="left")
 
 
 def draw_presses(presses: list[Press]):
@@ -300,48 +405,8 @@ def draw_presses(presses: list[Press]):
     Dropped units are grey with a cross; colour is the value (purple negative, orange
     positive). Each panel's title says which mean batch norm subtracted.
     """
-    presses = presses[-2:]
-    fig = plt.figure(figsize=(12, 2.6 * len(presses) + 2.0), layout="constrained")
-    grid = fig.add_gridspec(
-        len(presses) + 1, 4, width_ratios=[8, 3, 8, 3], height_ratios=[3] * len(presses) + [1.6]
-    )
-    for row, press in enumerate(presses):
-        axes = [fig.add_subplot(grid[row, col]) for col in range(4)]
-        train, evaluation = press.train, press.eval
-        grad = "under no_grad" if press.no_grad else "grad on"
-        units = len(train.dropped) * len(train.dropped[0])
-        _draw_side(
-            *axes[:2],
-            train,
-            f"press {press.number} · TRAIN mode ({grad}) · "
-            f"{sum(map(sum, train.dropped))} of {units} units dropped\n"
-            f"BN subtracts this batch's mean (unit 0: {train.mean_used[0]:+.3f});\n"
-            f"its running mean moves: unit 0 now {train.running_mean[0]:+.3f}",
-        )
-        _draw_side(
-            *axes[2:],
-            evaluation,
-            f"press {press.number} · EVAL mode ({grad}) · no unit dropped\n"
-            f"BN subtracts its running mean (unit 0: {evaluation.mean_used[0]:+.3f});\n"
-            f"the running mean stays: unit 0 still {evaluation.running_mean[0]:+.3f}",
-        )
-    last = presses[-1]
-    ax = fig.add_subplot(grid[-1, :])
-    labels = [
-        "saved by the train-mode forward",
-        "saved by the eval-mode forward",
-        f"still held: graphs of {last.kept} kept outputs",
-    ]
-    values = [last.saved_train_bytes, last.saved_eval_bytes, last.held_bytes]
-    ax.barh(labels, values, color=[PALETTE["orange"], PALETTE["blue"], PALETTE["vermillion"]])
-    for i, value in enumerate(values):
-        ax.text(value, i, f" {value:,} bytes", va="center", fontsize=8)
-    ax.set_xlim(0, max(values + [1]) * 1.3)
-    ax.invert_yaxis()
-    ax.set_xlabel("bytes saved for backward, measured with saved-tensor hooks")
-    ax.set_ylabel("measurement")
-    ax.set_title(f"Memory after press {last.number}", fontsize=9, loc="left")
-    fig.suptitle("One batch through two copies of one model: train mode (left), eval mode (right)")
+    fig = plt.figure(figsize=_figsize(len(presses[-2:])), layout="constrained")
+    PressesPicture.for_presses(fig, presses).update(presses)
     return fig
 
 
@@ -351,28 +416,30 @@ def train_vs_eval_view(seed: int = 0, p: float = 0.5) -> None:
     It opens on two presses, the same picture a viewer without widgets gets.
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     forward = widgets.Button(description="forward", tooltip="send the batch through both copies")
     reset = widgets.Button(description="reset", tooltip="start again from the trained model")
     p_slider = widgets.FloatSlider(p, min=0.0, max=0.9, step=0.1, description="dropout p")
     no_grad = widgets.Checkbox(False, description="torch.no_grad()")
     keep = widgets.Checkbox(False, description="keep outputs in a list")
-    out = widgets.Output()
     sim = TrainVsEval(seed=seed, p=p)
-    state = {"sim": sim, "presses": [sim.press(), sim.press()]}
+    state = {"sim": sim, "presses": [sim.press(), sim.press()], "picture": None, "live": None}
+    image = widgets.Box()  # holds the live figure's image; a new one only if the rows change
 
     def render():
-        fig = draw_presses(state["presses"])
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
-        return fig
+        presses, picture = state["presses"], state["picture"]
+        if picture is None or picture.rows != len(presses[-2:]):
+            live = state["live"] = LiveFigure(_figsize(len(presses[-2:])), layout="constrained")
+            picture = state["picture"] = PressesPicture.for_presses(live.fig, presses)
+            image.children = [live.image]
+        picture.update(presses)
+        state["live"].refresh()
+        return picture.fig
 
     def on_forward(*_):
         state["sim"].p = p_slider.value
         state["presses"].append(state["sim"].press(no_grad=no_grad.value, keep=keep.value))
-        plt.close(render())
+        render()
 
     def on_reset(*_):
         state["sim"], state["presses"] = TrainVsEval(seed=seed, p=p_slider.value), []
@@ -381,4 +448,5 @@ def train_vs_eval_view(seed: int = 0, p: float = 0.5) -> None:
     forward.on_click(on_forward)
     reset.on_click(on_reset)
     controls = [widgets.HBox([forward, reset, p_slider]), widgets.HBox([no_grad, keep])]
-    show(widgets.VBox([*controls, out]), render())
+    static = render()
+    show(widgets.VBox([*controls, image]), static)

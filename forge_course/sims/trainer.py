@@ -17,7 +17,6 @@ from contextlib import contextmanager
 
 import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
 from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.ticker import FuncFormatter
 from torch import nn
@@ -31,7 +30,7 @@ from forge_course.reference.training import (
     spiral_data,
     steps_per_epoch,
 )
-from forge_course.sims.display import PALETTE, show
+from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
 
 #: Loop bugs the simulator can inject, and what each one does to the loop.
 BUGS = {
@@ -276,53 +275,80 @@ _PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
 _SPARSE = FuncFormatter(lambda value, _: f"{value:g}" if f"{value:.0e}"[0] in "25" else "")
 
 
+FIGSIZE = (12, 5.2)
+
+#: The metric panels of `draw_trainer`: history key, y label, colour, y scale.
+METRIC_PANELS = (
+    ("loss", "training loss (batch)", PALETTE["blue"], "log"),
+    ("val_accuracy", "validation accuracy", PALETTE["green"], "linear"),
+    ("grad_norm", "gradient norm", PALETTE["orange"], "log"),
+    ("lr", "learning rate", PALETTE["purple"], "linear"),
+)
+
+
+class TrainerPicture:
+    """`draw_trainer`'s figure, made once: a step moves the map's pixels and the curves' data."""
+
+    def __init__(self, fig) -> None:
+        self.fig = fig
+        grid = fig.add_gridspec(2, 3, width_ratios=[1.25, 1, 1])
+        ax_map = self.ax_map = fig.add_subplot(grid[:, 0])
+        self.regions = ax_map.imshow(
+            [[0.0]], origin="lower", extent=(-1.2, 1.2, -1.2, 1.2), cmap=_REGIONS,
+            vmin=0, vmax=1, alpha=0.45,
+        )  # fmt: skip
+        self.points = [
+            ax_map.scatter([], [], s=12, color=colour, label=f"class {label}")
+            for label, colour in ((0, PALETTE["blue"]), (1, PALETTE["vermillion"]))
+        ]
+        ax_map.set(xlabel="x₁", ylabel="x₂")
+        ax_map.legend(loc="lower right", fontsize=8)
+        self.curves = []
+        for index, (key, label, colour, _) in enumerate(METRIC_PANELS):
+            ax = fig.add_subplot(grid[index // 2, 1 + index % 2])
+            self.curves.append(ax.plot([], [], color=colour, lw=1.2)[0])
+            ax.set(xlabel="step", ylabel=label)
+            if key == "val_accuracy":
+                ax.axhline(0.9, color=PALETTE["grey"], ls="--", lw=1)
+
+    def update(self, trainer: Trainer) -> None:
+        self.regions.set_data(trainer.probabilities().numpy())
+        for label, points in enumerate(self.points):
+            points.set_offsets(trainer.X_val[trainer.y_val == label].cpu().numpy())
+        self.ax_map.set_title(f"Predicted regions after step {trainer.steps_done}")
+        history = trainer.history
+        steps = range(1, len(history["loss"]) + 1)
+        for line, (key, _, _, scale) in zip(self.curves, METRIC_PANELS):
+            ax = line.axes
+            values = [v if math.isfinite(v) else float("nan") for v in history[key]]
+            line.set_data(steps, values)
+            ax.relim()
+            if scale == "log" and any(v > 0 for v in values):
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(_PLAIN)
+                ax.yaxis.set_minor_formatter(_SPARSE)
+            else:
+                ax.set_yscale("linear")
+            ax.autoscale_view()
+            ax.set_xlim(0, max(trainer.total_steps, 1))
+            if key == "val_accuracy":
+                ax.set_ylim(0.3, 1.02)
+        bugs = ", ".join(sorted(trainer.bugs)) or "none"
+        cfg = trainer.config
+        self.fig.suptitle(
+            f"{cfg['optimizer']}, lr {cfg['lr']:g}, {cfg['scheduler']} schedule, "
+            f"batch {cfg['batch_size']}; bugs: {bugs}",
+            fontsize=11,
+        )
+        tight_layout_afresh(self.fig)
+
+
 def draw_trainer(trainer: Trainer, fig=None):
     """Decision regions on the spiral (left) and the four live metrics per step (right)."""
     if fig is None:
-        fig = plt.figure(figsize=(12, 5.2))
+        fig = plt.figure(figsize=FIGSIZE)
     fig.clear()
-    grid = fig.add_gridspec(2, 3, width_ratios=[1.25, 1, 1])
-    ax_map = fig.add_subplot(grid[:, 0])
-    probs = trainer.probabilities()
-    ax_map.imshow(
-        probs.numpy(), origin="lower", extent=(-1.2, 1.2, -1.2, 1.2), cmap=_REGIONS,
-        vmin=0, vmax=1, alpha=0.45,
-    )  # fmt: skip
-    for label, colour in ((0, PALETTE["blue"]), (1, PALETTE["vermillion"])):
-        points = trainer.X_val[trainer.y_val == label].cpu()
-        ax_map.scatter(points[:, 0], points[:, 1], s=12, color=colour, label=f"class {label}")
-    done = trainer.steps_done
-    ax_map.set(xlabel="x₁", ylabel="x₂", title=f"Predicted regions after step {done}")
-    ax_map.legend(loc="lower right", fontsize=8)
-    history = trainer.history
-    steps = range(1, len(history["loss"]) + 1)
-    panels = [
-        ("loss", "training loss (batch)", PALETTE["blue"], "log"),
-        ("val_accuracy", "validation accuracy", PALETTE["green"], "linear"),
-        ("grad_norm", "gradient norm", PALETTE["orange"], "log"),
-        ("lr", "learning rate", PALETTE["purple"], "linear"),
-    ]
-    for index, (key, label, colour, scale) in enumerate(panels):
-        ax = fig.add_subplot(grid[index // 2, 1 + index % 2])
-        values = [v if math.isfinite(v) else float("nan") for v in history[key]]
-        ax.plot(steps, values, color=colour, lw=1.2)
-        ax.set(xlabel="step", ylabel=label)
-        if scale == "log" and any(v > 0 for v in values):
-            ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(_PLAIN)
-            ax.yaxis.set_minor_formatter(_SPARSE)
-        ax.set_xlim(0, max(trainer.total_steps, 1))
-        if key == "val_accuracy":
-            ax.axhline(0.9, color=PALETTE["grey"], ls="--", lw=1)
-            ax.set_ylim(0.3, 1.02)
-    bugs = ", ".join(sorted(trainer.bugs)) or "none"
-    cfg = trainer.config
-    fig.suptitle(
-        f"{cfg['optimizer']}, lr {cfg['lr']:g}, {cfg['scheduler']} schedule, "
-        f"batch {cfg['batch_size']}; bugs: {bugs}",
-        fontsize=11,
-    )
-    fig.tight_layout()
+    TrainerPicture(fig).update(trainer)
     return fig
 
 
@@ -373,7 +399,8 @@ def trainer_view(config: dict | None = None, device="cpu", warm_up_epochs: int =
     reset_button = widgets.Button(description="Reset", tooltip="a new run with these settings")
     bar = widgets.IntProgress(0, 0, 1, description="progress")
     status = widgets.HTML()
-    out = widgets.Output()
+    live = LiveFigure(FIGSIZE)
+    picture = TrainerPicture(live.fig)
     state = {}
 
     def new_run(*_):
@@ -385,11 +412,8 @@ def trainer_view(config: dict | None = None, device="cpu", warm_up_epochs: int =
     def redraw():
         trainer = state["trainer"]
         status.value = status_line(trainer)
-        with out:
-            out.clear_output(wait=True)
-            fig = draw_trainer(trainer)
-            display(fig)
-            plt.close(fig)
+        picture.update(trainer)
+        live.refresh()
 
     def advance(run):
         trainer = state["trainer"]
@@ -421,4 +445,4 @@ def trainer_view(config: dict | None = None, device="cpu", warm_up_epochs: int =
             status,
         ]
     )
-    show(widgets.VBox([controls, out]), draw_trainer(first))
+    show(widgets.VBox([controls, live.image]), live.fig)
