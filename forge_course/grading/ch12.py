@@ -29,8 +29,8 @@ import torch
 
 from forge_course.device import available_devices, pick_device
 from forge_course.grading.core import Exercise, explain, first_difference, grading_seed
-from forge_course.observe.common import INSTRUMENT_TAMPERED, Tampered
 from forge_course.observe.ch12 import FIT, SMOKE, label_fit, label_smoke, observe_fit, observe_smoke
+from forge_course.observe.common import INSTRUMENT_TAMPERED, Tampered
 from forge_course.reference import capstone as ref
 
 # ---------------------------------------------------------------- the smoke test's setups
@@ -44,25 +44,22 @@ def smoke_cases(thorough: bool = False) -> list[dict]:
     """Visible: two working setups (one whose loss swings) and four broken ones on the default
     device. Hidden: every setup on every device, other seeds, and other step counts."""
     device = str(pick_device())
+    # Three steps of the dip: lower after one, higher than the start at the last: only the
+    # last loss against the first tells it failed.
+    dip = {"setup": "dip_then_diverge", "device": device, "seed": 0, "steps": 3}
     if not thorough:
         return [
             {"setup": setup, "device": device, "seed": 0, "steps": 10}
-            for setup in (
-                "sgd_regression",
-                "overshoot",
-                "lr_zero",
-                "detached_loss",
-                "missing_step",
-                "dip_then_diverge",
-            )  # fmt: skip
-        ]
+            for setup in ("sgd_regression", "overshoot", "lr_zero", "detached_loss",
+                          "missing_step")
+        ] + [dip]  # fmt: skip
     rng = random.Random(grading_seed())
     return [
         {"setup": setup, "device": str(d), "seed": rng.randrange(10_000), "steps": steps}
         for d in available_devices()
         for setup in WORKING + BROKEN
         for steps in (10, rng.choice((3, 25)))
-    ]
+    ] + [dip]
 
 
 def _smoke_or_equal(make_model, make_optimizer, loss_fn, batch, steps=10):
