@@ -153,7 +153,7 @@ def simulation_cases(device: torch.device) -> list[Case]:
     (the bug detector's new combination and the crash replay are runs too). A "redraw" row is
     the whole widget update: the engine, the figure and its Agg render."""
     from forge_course.data import build_vocabulary, encode, load_reviews, make_imbalanced
-    from forge_course.sims import arena, crash_replay, pipeline, tape, trainer
+    from forge_course.sims import arena, crash_replay, pipeline, profile_explorer, tape, trainer
     from forge_course.sims import arithmetic_timeline as timeline
     from forge_course.sims import bug_detector as museum
     from forge_course.sims import memory_compute as checkpointing
@@ -259,6 +259,8 @@ def simulation_cases(device: torch.device) -> list[Case]:
         ax = plt.subplots(figsize=(7.5, 3.6))[1]
         return lambda: _render(ring.draw_memory(1e9, 8, 3, ax))
 
+    # ch13: a batch of 64 costs 64 × 0.3 ms of reads and about 0.7 ms of compute on 2 CPU cores
+    workers_slider = partial(profile_explorer.simulate, 19.2, 0.7, 2, 2)
     ch00 = (10_000, 32, 3, 4)  # the running example: N, B, epochs, K
     target = str(device) if device.type != "cpu" else "meta"  # ch05's OTHER
     explore = partial(explorer.explore_preset, "MLP", "plain list", moved_to=target)
@@ -320,6 +322,10 @@ def simulation_cases(device: torch.device) -> list[Case]:
         Case("ring_allreduce", "memory_rows: 10⁹ parameters, 8 ranks (ch11)", 50,
              _ready(partial(ring.memory_rows, 1e9, 8))),
         Case("ring_allreduce", "redraw: draw_memory at ZeRO stage 3 (ch11)", 50, zero_slider),
+        Case("profile_explorer", "simulate: 12 steps, 2 workers, prefetch 2 (ch13)", 50,
+             _ready(workers_slider)),
+        Case("profile_explorer", "redraw: simulate + draw (ch13)", 50,
+             _ready(lambda: _render(profile_explorer.draw(workers_slider())))),
     ]  # fmt: skip
 
 
