@@ -42,7 +42,6 @@ from forge_course import pick_device
 from forge_course.data import make_spiral
 from forge_course.data.decoding import DecodingDataset
 from forge_course.device import describe
-from forge_course.reference.profiling import PHASES, phase_ms, quiet_profiler, timed_ms
 from forge_course.sims.display import PALETTE
 
 device = pick_device()
@@ -63,6 +62,8 @@ print("Running on", describe(device))
 # does is inside one of them, so the four phases add up to the step.
 
 # %%
+from forge_course.reference.profiling import PHASES, phase_ms, quiet_profiler, timed_ms
+
 points, labels = make_spiral(n_per_class=N_PER_ARM, classes=2, seed=SEED)
 dataset = DecodingDataset(points, labels, latency_s=READ_LATENCY_S)
 
