@@ -189,13 +189,16 @@ plt.show()
 #   `.count`, `.cpu_time_total` and `.self_cpu_time_total` (microseconds, summed over every
 #   call), and `.cpu_time` (the average per call);
 # * `phases` is the list of `record_function` labels that together cover the step;
+# * a phase may have more than one row: a table grouped by call site
+#   (`key_averages(group_by_stack_n=1)`) or by input shape lists it once per group, and its
+#   time is the sum of its rows;
 # * return `(name, share)`: the phase with the largest total CPU time (the first in `phases`
 #   on a tie), and its time divided by the sum of all the phases' times.
 #
-# The visible check gives two tables: the loop above, and a loop that accumulates four
+# The visible check gives three tables: the loop above, a loop that accumulates four
 # micro-batches per update (so data, forward and backward run four times as often as the
-# optimizer). The hidden check adds a loop whose pipeline has been fixed, rows in other orders
-# and other time scales.
+# optimizer), and one whose `forward` comes in two rows. The hidden check adds a loop whose
+# pipeline has been fixed, rows in other orders and other time scales.
 
 
 # %% nbgrader={"grade_id": "ch13_bottleneck", "solution": true}
@@ -211,7 +214,7 @@ def bottleneck(averages, phases):
 
 
 # %% nbgrader={"grade_id": "ch13_bottleneck_tests", "grade": true, "points": 2}
-# Visible tests: a plain loop of 5 steps, and 4 micro-batches per update, on fixed tables.
+# Visible tests: a plain loop, 4 micro-batches per update, and a phase in two rows.
 from forge_course.grading import ch13
 
 ch13.check_bottleneck(bottleneck)

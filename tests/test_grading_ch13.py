@@ -39,6 +39,7 @@ def test_bottleneck_names_each_known_mistake(message, wrong):
     "source,named",
     [
         (answers.BOTTLENECK_SELF_TIME, "ranked by self time"),
+        (answers.BOTTLENECK_LAST_ROW, "only one row of a phase was counted"),
         (answers.BOTTLENECK_PER_CALL, "time per call"),
         (answers.BOTTLENECK_OVER_ALL_ROWS, "sum of every row"),
     ],

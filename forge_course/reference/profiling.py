@@ -45,7 +45,8 @@ def bottleneck(averages: Iterable, phases: Sequence[str]) -> tuple[str, float]:
 
     Args:
         averages: rows of ``prof.key_averages()`` (each with ``.key`` and ``.cpu_time_total``,
-            in microseconds, summed over every call).
+            in microseconds, summed over every call). A table grouped by input shape or call
+            site has several rows with one key: a phase's time is the sum of its rows.
         phases: the ``record_function`` labels that together cover the step.
 
     Returns:

@@ -25,11 +25,25 @@ def bottleneck(averages, phases):
 """
 
 BOTTLENECK_SORTED = """
+from collections import Counter
+
 def bottleneck(averages, phases):
-    marked = [row for row in averages if row.key in set(phases)]
-    marked.sort(key=lambda row: (-row.cpu_time_total, list(phases).index(row.key)))
-    whole = sum(row.cpu_time_total for row in marked)
-    return marked[0].key, marked[0].cpu_time_total / whole
+    spent = Counter()
+    for row in averages:
+        if row.key in set(phases):
+            spent[row.key] += row.cpu_time_total
+    ranked = sorted(phases, key=lambda phase: (-spent[phase], list(phases).index(phase)))
+    return ranked[0], spent[ranked[0]] / sum(spent.values())
+"""
+
+BOTTLENECK_LAST_ROW = """
+def bottleneck(averages, phases):
+    times = {}
+    for row in averages:
+        if row.key in phases:
+            times[row.key] = row.cpu_time_total
+    name = max(phases, key=lambda p: times.get(p, 0.0))
+    return name, times[name] / sum(times.values())
 """
 
 PRELOAD_UNCHANGED = """
@@ -59,6 +73,7 @@ def preload(dataset):
 WRONG = {
     "ch13_bottleneck": [
         (BOTTLENECK_SELF_TIME, {"ch13_bottleneck_tests": "ranked by self time"}),
+        (BOTTLENECK_LAST_ROW, {"ch13_bottleneck_tests": "only one row of a phase was counted"}),
         (BOTTLENECK_PER_CALL, {"ch13_bottleneck_tests": "time per call"}),
         (BOTTLENECK_OVER_ALL_ROWS, {"ch13_bottleneck_tests": "sum of every row"}),
     ],
