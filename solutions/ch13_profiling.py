@@ -224,10 +224,14 @@ ch13.check_bottleneck(bottleneck, thorough=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Now the real profile of section 1:
+# Now the real profile of section 1, read by the course's own `bottleneck`
+# (`forge_course.reference.profiling`; yours gives the same once its check passes, and the
+# cells below use the course's so that they run before you have written yours):
 
 # %%
-slow_phase, slow_share = bottleneck(slow_prof.key_averages(), PHASES)
+from forge_course.reference import profiling as ref_profiling
+
+slow_phase, slow_share = ref_profiling.bottleneck(slow_prof.key_averages(), PHASES)
 slow_ms = phase_ms(slow_prof.key_averages())
 print("each phase over the recorded steps (ms):", {k: round(v, 2) for k, v in slow_ms.items()})
 print(f"bottleneck: {slow_phase}, {slow_share:.0%} of the step")
@@ -291,7 +295,9 @@ ch13.check_preload(preload, thorough=True)
 # ### The gain, measured
 #
 # The next cell times three epochs of training with the decoding data set and with its
-# preloaded copy (preloading included in the time), then profiles the preloaded loop again. A
+# preloaded copy (preloading included in the time), then profiles the preloaded loop again.
+# Like the cell after exercise 1, it uses the course's `preload`, so that it runs whatever
+# state your answer is in. A
 # timing on a shared machine moves from run to run; the ratio between two loops timed side by
 # side moves much less.
 
@@ -310,16 +316,16 @@ dataset.decoded = 0
 slow_epochs_ms = timed_ms(lambda: run_epochs(lambda: dataset), device)
 slow_decodes = dataset.decoded
 dataset.decoded = 0
-fast_epochs_ms = timed_ms(lambda: run_epochs(lambda: preload(dataset)), device)
+fast_epochs_ms = timed_ms(lambda: run_epochs(lambda: ref_profiling.preload(dataset)), device)
 fast_decodes = dataset.decoded
 print(f"{EPOCHS} epochs decoding every read:   {slow_epochs_ms:7.1f} ms, {slow_decodes} decodes")
 print(f"{EPOCHS} epochs after preload(dataset): {fast_epochs_ms:7.1f} ms, {fast_decodes} decodes")
 print(f"gain: {slow_epochs_ms / fast_epochs_ms:.1f}× faster")
 assert slow_decodes == EPOCHS * len(dataset) and fast_decodes == len(dataset)
 
-fast_prof = profiled(shuffled(preload(dataset)))
+fast_prof = profiled(shuffled(ref_profiling.preload(dataset)))
 fast_ms = phase_ms(fast_prof.key_averages())
-fast_phase, fast_share = bottleneck(fast_prof.key_averages(), PHASES)
+fast_phase, fast_share = ref_profiling.bottleneck(fast_prof.key_averages(), PHASES)
 print("each phase after the fix (ms):", {k: round(v, 2) for k, v in fast_ms.items()})
 print(f"data was {slow_share:.0%} of the step; now the bottleneck is {fast_phase} "
       f"({fast_share:.0%}) and data is {fast_ms['data'] / sum(fast_ms.values()):.0%}")  # fmt: skip
@@ -460,7 +466,7 @@ profile_explorer_view(load_per_example_ms, fixed_ms, per_example_ms, workers=2, 
 # rows the profiler records for the reads.
 
 # %%
-fast_data = preload(dataset)
+fast_data = ref_profiling.preload(dataset)
 steps = 4 * len(shuffled(fast_data))
 
 
@@ -493,10 +499,11 @@ assert reads.get("aten::item") == PROFILED_STEPS
 # `cudaStreamSynchronize` or `cudaMemcpyAsync` rows with a long CPU time in the table, and in
 # the trace as a CPU bar that lasts until the GPU lane goes quiet. Whether the two timings
 # above differ beyond their noise depends on the device: compare the fastest of each kind
-# with the spread of its three runs.
-# On a CPU expect little; on a GPU with small steps the difference can be large. The rule
-# holds everywhere: keep values on the device inside the loop, and read them when you log
-# (every 50 steps, say), not every step.
+# with the spread of its three runs. On a CPU, where nothing is queued, a difference that
+# stays within the spread is noise. On a GPU the cost is the time the CPU could have spent
+# queueing the next step, so it grows as steps get shorter. The rule holds everywhere: keep
+# values on the device inside the loop, and read them when you log (every 50 steps, say),
+# not every step.
 #
 # ## 5 · Where the memory goes
 #
@@ -511,9 +518,10 @@ assert reads.get("aten::item") == PROFILED_STEPS
 
 # %%
 memory_prof = profiled(shuffled(fast_data), profile_memory=True)
-print(memory_prof.key_averages().table(sort_by="self_cpu_memory_usage", row_limit=6,
-                                       max_name_column_width=40))  # fmt: skip
 on_gpu = device.type == "cuda"  # tensors on a GPU are counted in the device's column
+own_memory = "self_device_memory_usage" if on_gpu else "self_cpu_memory_usage"
+print(memory_prof.key_averages().table(sort_by=own_memory, row_limit=6,
+                                       max_name_column_width=40))  # fmt: skip
 phase_kib = {
     r.key: (r.device_memory_usage if on_gpu else r.cpu_memory_usage) / 1024 / r.count
     for r in memory_prof.key_averages()
@@ -537,9 +545,9 @@ if not on_gpu:
 # after each needs only its own output), and the loss keeps its log-probabilities
 # ($64 \times 2 \times 4$ bytes $= 0.5$ KiB). In all $2 \times 16 + 0.5 = 32.5$ KiB, next to
 # the forward row's measured number above. Backward frees most of it (and leaves the
-# gradients, which stay until `zero_grad`). The operators at the top of the table are the
-# ones that allocate the most: the matrix products of backward (`aten::mm`) and forward
-# (`aten::addmm`).
+# gradients, which stay until `zero_grad`). The table above ranks the operators by what they
+# allocated themselves ("Self ... Mem"): its top rows are where to look first when a step
+# runs out of memory.
 #
 # **On a GPU**, the CUDA caching allocator keeps its own books, and they say more:
 #
