@@ -58,7 +58,7 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     from forge_course.sims import bug_detector as museum
     from forge_course.sims import memory_compute as checkpointing
     from forge_course.sims import module_explorer as explorer
-    from forge_course.sims import pipeline, tape, trainer
+    from forge_course.sims import pipeline, profile_explorer, tape, trainer
     from forge_course.sims import ring_allreduce as ring
     from forge_course.sims import sampler_view as sampler
     from forge_course.sims import step_through as step
@@ -277,6 +277,15 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
         live = on_axes((7.5, 3.6))
         return lambda s: (ring.draw_memory(1e9, s[1], s[0], live.fig.axes[0]), live.png())
 
+    # ch13: a batch of 64 at 0.3 ms a read and 0.7 ms of compute, prefetch 2; the workers slide.
+    def profile(workers, fig=None):
+        lanes = profile_explorer.simulate(19.2, 0.7, workers, 2)
+        return profile_explorer.draw(lanes, fig=fig)
+
+    def profile_after():
+        live = LiveFigure((10, 1.4))
+        return lambda workers: (profile(workers, live.fig), live.png())
+
     def fresh(draw: Callable[[object], object]) -> Callable[[], Update]:
         return lambda: lambda value: inline_png(draw(value))
 
@@ -309,6 +318,8 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
              ring_after),
         View("ring_allreduce (ZeRO)", "stage 0 … 3 × ranks 1, 8, 64 (ch11)", zero_sweep,
              zero_before, zero_after),
+        View("profile_explorer", "num_workers = 0 … 8 (ch13)", list(range(9)), fresh(profile),
+             profile_after),
     ]  # fmt: skip
 
 

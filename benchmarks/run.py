@@ -145,7 +145,7 @@ def simulation_cases(device: torch.device) -> list[Case]:
     (the bug detector's new combination and the crash replay are runs too). What a learner
     waits for after a slider, the engine and its picture, is `benchmarks/redraws.py`."""
     from forge_course.data import build_vocabulary, encode, load_reviews, make_imbalanced
-    from forge_course.sims import arena, crash_replay, pipeline, tape, trainer
+    from forge_course.sims import arena, crash_replay, pipeline, profile_explorer, tape, trainer
     from forge_course.sims import arithmetic_timeline as timeline
     from forge_course.sims import bug_detector as museum
     from forge_course.sims import memory_compute as checkpointing
@@ -205,6 +205,8 @@ def simulation_cases(device: torch.device) -> list[Case]:
 
     values = [[1.0, 2.0, 3.0], [10.0, 20.0, 30.0], [100.0, 200.0, 300.0]]  # ch11's RUNNING
 
+    # ch13: a batch of 64 costs 64 × 0.3 ms of reads and about 0.7 ms of compute on 2 CPU cores
+    workers_slider = partial(profile_explorer.simulate, 19.2, 0.7, 2, 2)
     ch00 = (10_000, 32, 3, 4)  # the running example: N, B, epochs, K
     target = str(device) if device.type != "cpu" else "meta"  # ch05's OTHER
     explore = partial(explorer.explore_preset, "MLP", "plain list", moved_to=target)
@@ -244,6 +246,8 @@ def simulation_cases(device: torch.device) -> list[Case]:
              _ready(partial(ring.ring_allreduce_steps, values))),
         Case("ring_allreduce", "memory_rows: 10⁹ parameters, 8 ranks (ch11)", 50,
              _ready(partial(ring.memory_rows, 1e9, 8))),
+        Case("profile_explorer", "simulate: 12 steps, 2 workers, prefetch 2 (ch13)", 50,
+             _ready(workers_slider)),
     ]  # fmt: skip
 
 

@@ -92,4 +92,10 @@ CHAPTERS = [
         "The whole loop on one page, and a script that passes the loop doctor.",
         60,
     ),
+    Chapter(
+        "ch13_profiling",
+        "Profiling: where the time and the memory go",
+        "torch.profiler on the running example: a slow input pipeline found, fixed and measured.",
+        45,
+    ),
 ]

@@ -61,6 +61,7 @@ COSTS = {
     "test_autograde.py::test_round_trip[ch10": 263,
     "test_autograde.py::test_round_trip[ch11": 195,
     "test_autograde.py::test_round_trip[ch12": 157,
+    "test_autograde.py::test_round_trip[ch13": 118,  # at load 2-3, 2026-11-26
     "test_grader_determinism.py": 282,
     "test_nbgrader_workflow.py": 178,
     "test_browser.py": 60,  # 14 tests, the first setting up a pip-only venv (116 s)

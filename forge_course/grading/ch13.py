@@ -1,0 +1,244 @@
+"""Checks for chapter 13, "Profiling": the grader's half.
+
+The learner's half, `forge_course.observe.ch13`, builds the inputs, calls the answer and
+reports; here are the cases, the references, the known mistakes and what counts as equal. No
+check reads a clock: the profile tables hold fixed numbers, and the data pipeline is judged by
+how many times it decodes each example.
+
+Exercises:
+    ch13_bottleneck: ``bottleneck(averages, phases) -> (name, share)``, the phase with the most
+        inclusive CPU time in a ``key_averages()`` table, and its share of all the phases' time.
+    ch13_preload: ``preload(dataset) -> Dataset``, every example decoded once, same batches.
+Questions:
+    ch13_q_step_ms, ch13_q_phase_time, ch13_q_sync.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch.utils.data import TensorDataset
+
+from forge_course.grading.core import Exercise, grading_seed
+from forge_course.observe.ch13 import (
+    label_bottleneck,
+    label_preload,
+    observe_bottleneck,
+    observe_preload,
+)
+from forge_course.reference import profiling as ref_profiling
+
+PHASES = list(ref_profiling.PHASES)
+
+# ---------------------------------------------------------------- ch13_bottleneck
+
+# [key, count, cpu_time_total (µs), self_cpu_time_total (µs)], as a real profile lists them.
+_PLAIN_LOOP = [
+    ["data", 5, 9500, 500],
+    ["enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 5, 9000, 8800],
+    ["forward", 5, 3000, 900],
+    ["aten::linear", 10, 1900, 100],
+    ["aten::addmm", 10, 1500, 1300],
+    ["backward", 5, 5200, 1800],
+    ["autograd::engine::evaluate_function: AddmmBackward0", 10, 2500, 300],
+    ["aten::mm", 20, 2000, 1900],
+    ["optimizer", 5, 1000, 200],
+    ["Optimizer.step#SGD.step", 5, 800, 600],
+]
+# Four micro-batches per update: data, forward and backward run four times as often.
+_ACCUMULATING_LOOP = [
+    ["data", 20, 2000, 100],
+    ["forward", 20, 6000, 1500],
+    ["aten::addmm", 40, 4000, 3600],
+    ["backward", 20, 9000, 2500],
+    ["aten::mm", 80, 6000, 5800],
+    ["optimizer", 5, 4500, 4000],
+    ["Optimizer.step#AdamW.step", 5, 4300, 500],
+    ["aten::_foreach_mul_", 5, 1200, 1200],
+]
+# The model runs on two views of each batch, and the table is grouped by call site
+# (`key_averages(group_by_stack_n=1)`): "forward" comes in two rows, which add up.
+_SPLIT_ROWS = [
+    ["data", 5, 2000, 100],
+    ["forward", 5, 3000, 500],
+    ["forward", 5, 3500, 400],
+    ["aten::addmm", 20, 5200, 4900],
+    ["backward", 5, 5000, 1000],
+    ["aten::mm", 20, 3900, 3800],
+    ["optimizer", 5, 1000, 300],
+]
+# The pipeline fixed: the model's own work is the bottleneck now.
+_FIXED_PIPELINE = [
+    ["data", 8, 400, 350],
+    ["forward", 8, 5100, 700],
+    ["aten::linear", 16, 4100, 200],
+    ["aten::native_dropout", 8, 300, 280],
+    ["backward", 8, 4900, 1900],
+    ["AddmmBackward0", 16, 2600, 300],
+    ["optimizer", 8, 1200, 900],
+]
+
+
+def bottleneck_cases(thorough: bool = False) -> list[dict]:
+    """The plain loop, the accumulating loop and a phase split over two rows; thorough adds a
+    fixed pipeline, other row orders and other time scales (shares unchanged)."""
+    plans = [
+        ("a loop of 5 steps", _PLAIN_LOOP),
+        ("4 micro-batches per update, 5 updates", _ACCUMULATING_LOOP),
+        ("forward in two rows, one per call site", _SPLIT_ROWS),
+    ]
+    if not thorough:
+        return [{"name": name, "rows": rows, "phases": PHASES, "scale": 1.0, "seed": i}
+                for i, (name, rows) in enumerate(plans)]  # fmt: skip
+    plans.append(("the pipeline fixed, 8 steps", _FIXED_PIPELINE))
+    rng = random.Random(grading_seed())
+    return [
+        {
+            "name": name,
+            "rows": rows,
+            "phases": PHASES,
+            "scale": rng.choice([0.5, 1.0, 3.0]),
+            "seed": rng.randrange(2**31),
+        }  # fmt: skip
+        for name, rows in plans
+        for _ in range(2)
+    ]
+
+
+def _wrong_bottleneck(*, time="cpu_time_total", over_all_rows=False):
+    """A known mistake; like most answers that keep one number per key, it keeps a phase's
+    last row only."""
+
+    def wrong(averages, phases):
+        totals = {row.key: getattr(row, time) for row in averages if row.key in phases}
+        name = max(phases, key=lambda phase: totals.get(phase, 0.0))
+        whole = sum(getattr(row, time) for row in averages) if over_all_rows else None
+        return name, totals[name] / (whole or sum(totals.values()))
+
+    return wrong
+
+
+BOTTLENECK_MISTAKES = [
+    (
+        "only one row of a phase was counted. A table grouped by input shape or call site "
+        "(`group_by_stack_n`) lists a phase once per group: add up every row whose key is the "
+        "phase's.",
+        _wrong_bottleneck(),
+    ),
+    (
+        "the phases were ranked by self time (`self_cpu_time_total`). A phase's self time leaves "
+        "out every operator recorded inside it, which for `forward` is nearly all of it: use the "
+        "inclusive `cpu_time_total`.",
+        _wrong_bottleneck(time="self_cpu_time_total"),
+    ),
+    (
+        "the phases were ranked by their time per call (`cpu_time`). Under accumulation the "
+        "forward runs four times for every optimizer step: compare totals over the run "
+        "(`cpu_time_total`).",
+        _wrong_bottleneck(time="cpu_time"),
+    ),
+    (
+        "the share was taken of the sum of every row of the table. Rows nest (an `aten::addmm` "
+        "is inside `forward`), so that sum counts the same time several times: divide by the "
+        "sum of the phases' times.",
+        _wrong_bottleneck(over_all_rows=True),
+    ),
+]
+
+BOTTLENECK = Exercise(
+    grade_id="ch13_bottleneck",
+    function="bottleneck",
+    reference=ref_profiling.bottleneck.__wrapped__,
+    cases=bottleneck_cases,
+    observe=observe_bottleneck,
+    label=label_bottleneck,
+    mistakes=BOTTLENECK_MISTAKES,
+    hint="keep the rows whose `.key` is one of the phases, compare their `cpu_time_total`, and "
+    "divide the largest by the sum over the phases.",
+)
+check_bottleneck = BOTTLENECK.check
+
+
+# ---------------------------------------------------------------- ch13_preload
+
+
+def preload_cases(thorough: bool = False) -> list[dict]:
+    """20 examples in batches of 6; thorough adds one partial batch, odd sizes, other seeds."""
+    if not thorough:
+        return [{"n": 20, "features": 3, "batch": 6, "seed": 0}]
+    seed = grading_seed()
+    plans = [(20, 3, 6), (37, 4, 8), (5, 2, 8), (64, 1, 16)]
+    return [{"n": n, "features": f, "batch": b, "seed": seed + i}
+            for i, (n, f, b) in enumerate(plans)]  # fmt: skip
+
+
+def _unchanged(dataset):
+    return dataset
+
+
+def _decodes_twice(dataset):
+    inputs = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    targets = torch.stack([dataset[i][1] for i in range(len(dataset))])
+    return TensorDataset(inputs, targets)
+
+
+def _drops_last(dataset):
+    pairs = [dataset[i] for i in range(len(dataset) - 1)]
+    return TensorDataset(torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs]))
+
+
+def _float_targets(dataset):
+    pairs = [dataset[i] for i in range(len(dataset))]
+    return TensorDataset(
+        torch.stack([x for x, _ in pairs]), torch.Tensor([int(y) for _, y in pairs])
+    )
+
+
+def _reordered(dataset):
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(1))
+    pairs = [dataset[int(i)] for i in order]
+    return TensorDataset(torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs]))
+
+
+PRELOAD_MISTAKES = [
+    (
+        "the dataset came back unchanged, so every epoch decoded every example again. Decode "
+        "each example once, in `preload`, and return a dataset of the decoded tensors.",
+        _unchanged,
+    ),
+    (
+        "each example was decoded twice: `dataset[i]` decodes both its input and its target, so "
+        "take both from one call.",
+        _decodes_twice,
+    ),
+    (
+        "the last example is missing: `range(len(dataset))` already stops before the end.",
+        _drops_last,
+    ),
+    (
+        "the targets came back as floats (`torch.Tensor(...)` makes float32): stack the target "
+        "tensors as they are, so their dtype (long, for class labels) is kept.",
+        _float_targets,
+    ),
+    (
+        "the examples were stored in another order, so the same sampler picks other examples. "
+        "Keep index i's example at index i: shuffling is the DataLoader's job.",
+        _reordered,
+    ),
+]
+
+PRELOAD = Exercise(
+    grade_id="ch13_preload",
+    function="preload",
+    reference=ref_profiling.preload.__wrapped__,
+    cases=preload_cases,
+    observe=observe_preload,
+    label=label_preload,
+    mistakes=PRELOAD_MISTAKES,
+    hint="call `dataset[i]` once for every i in order, stack the inputs and the targets, and "
+    "return `TensorDataset(inputs, targets)`.",
+)
+check_preload = PRELOAD.check
+
+EXERCISES = [BOTTLENECK, PRELOAD]

@@ -1,0 +1,119 @@
+"""Answers that chapter 13's grading must tell apart: wrong ones, other correct ones, cheats.
+
+Each entry replaces the whole source of one solution cell of the released notebook.
+"""
+
+BOTTLENECK_SELF_TIME = """
+def bottleneck(averages, phases):
+    times = {row.key: row.self_cpu_time_total for row in averages if row.key in phases}
+    name = max(phases, key=lambda p: times.get(p, 0.0))
+    return name, times[name] / sum(times.values())
+"""
+
+BOTTLENECK_PER_CALL = """
+def bottleneck(averages, phases):
+    times = {row.key: row.cpu_time for row in averages if row.key in phases}
+    name = max(phases, key=lambda p: times.get(p, 0.0))
+    return name, times[name] / sum(times.values())
+"""
+
+BOTTLENECK_OVER_ALL_ROWS = """
+def bottleneck(averages, phases):
+    times = {row.key: row.cpu_time_total for row in averages if row.key in phases}
+    name = max(phases, key=lambda p: times.get(p, 0.0))
+    return name, times[name] / sum(row.cpu_time_total for row in averages)
+"""
+
+BOTTLENECK_SORTED = """
+from collections import Counter
+
+def bottleneck(averages, phases):
+    spent = Counter()
+    for row in averages:
+        if row.key in set(phases):
+            spent[row.key] += row.cpu_time_total
+    ranked = sorted(phases, key=lambda phase: (-spent[phase], list(phases).index(phase)))
+    return ranked[0], spent[ranked[0]] / sum(spent.values())
+"""
+
+BOTTLENECK_LAST_ROW = """
+def bottleneck(averages, phases):
+    times = {}
+    for row in averages:
+        if row.key in phases:
+            times[row.key] = row.cpu_time_total
+    name = max(phases, key=lambda p: times.get(p, 0.0))
+    return name, times[name] / sum(times.values())
+"""
+
+PRELOAD_UNCHANGED = """
+def preload(dataset):
+    return dataset
+"""
+
+PRELOAD_TWICE = """
+def preload(dataset):
+    inputs = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    targets = torch.stack([dataset[i][1] for i in range(len(dataset))])
+    return torch.utils.data.TensorDataset(inputs, targets)
+"""
+
+PRELOAD_FLOAT_TARGETS = """
+def preload(dataset):
+    pairs = [dataset[i] for i in range(len(dataset))]
+    inputs = torch.stack([x for x, _ in pairs])
+    return torch.utils.data.TensorDataset(inputs, torch.Tensor([int(y) for _, y in pairs]))
+"""
+
+PRELOAD_LIST = """
+def preload(dataset):
+    return [tuple(dataset[i]) for i in range(len(dataset))]
+"""
+
+WRONG = {
+    "ch13_bottleneck": [
+        (BOTTLENECK_SELF_TIME, {"ch13_bottleneck_tests": "ranked by self time"}),
+        (BOTTLENECK_LAST_ROW, {"ch13_bottleneck_tests": "only one row of a phase was counted"}),
+        (BOTTLENECK_PER_CALL, {"ch13_bottleneck_tests": "time per call"}),
+        (BOTTLENECK_OVER_ALL_ROWS, {"ch13_bottleneck_tests": "sum of every row"}),
+    ],
+    "ch13_preload": [
+        (PRELOAD_UNCHANGED, {"ch13_preload_tests": "came back unchanged"}),
+        (PRELOAD_TWICE, {"ch13_preload_tests": "decoded twice"}),
+        (PRELOAD_FLOAT_TARGETS, {"ch13_preload_tests": "targets came back as floats"}),
+    ],
+    "ch13_questions": [
+        (
+            "step_ms = 17\nphase_answer = 'a'\nsync_answer = 'a'\n",
+            {
+                "ch13_q_step_ms": "loading and computing one after the other",
+                "ch13_q_phase_time": "self time leaves out the operators",
+                "ch13_q_sync": "the CPU waits for that",
+            },
+        ),
+        (
+            "step_ms = 5\nphase_answer = 'd'\nsync_answer = 'c'\n",
+            {
+                "ch13_q_step_ms": "that is the compute alone",
+                "ch13_q_phase_time": "the time of one call",
+                "ch13_q_sync": "the CPU must have the value",
+            },
+        ),
+    ],
+}
+
+# Correct answers written differently from the solution: full marks.
+ALTERNATIVE = {
+    "ch13_bottleneck": BOTTLENECK_SORTED,
+    "ch13_preload": PRELOAD_LIST,
+    "ch13_questions": "step_ms = max(5, 12 / 2)\nphase_answer = ' B'\nsync_answer = 'B'\n",
+}
+
+# Answers that call the reference instead of answering: no marks.
+REFERENCE_CALLER = {
+    "ch13_bottleneck": "from forge_course.reference.profiling import bottleneck\n",
+    "ch13_preload": (
+        "import forge_course.reference.profiling as ref\n\n"
+        "def preload(dataset):\n    return ref.preload(dataset)\n"
+    ),
+}
