@@ -74,3 +74,19 @@ def test_the_view_builds_its_widgets_and_fallback(capsys):
     profile_explorer_view(0.3, 0.5, 0.01, workers=2, batch=64)
     shown = capsys.readouterr().out
     assert "application/vnd.jupyter.widget-view+json" in shown and "image/png" in shown
+
+
+def test_a_figure_redrawn_along_the_sliders_equals_one_drawn_fresh():
+    """The view keeps one figure, which grows and shrinks with the loader's lanes."""
+    import numpy as np
+
+    from forge_course.sims.display import LiveFigure
+
+    live = LiveFigure((10, 1.4))
+    for load, compute, workers, prefetch in ((19.2, 0.7, 4, 2), (8, 3, 0, 2), (8, 3, 8, 1),
+                                             (38.4, 1.1, 2, 3)):  # fmt: skip
+        draw(simulate(load, compute, workers, prefetch), fig=live.fig)
+        live.pixels()
+    fresh = LiveFigure((10, 1.4))
+    draw(simulate(38.4, 1.1, 2, 3), fig=fresh.fig)
+    assert np.array_equal(live.pixels(), fresh.pixels())
