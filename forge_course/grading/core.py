@@ -254,6 +254,15 @@ def _other_differences(got: Observation, want: Observation, first: str | None) -
     return [k for k in want if k != first and first_difference(got[k], want[k]) is not None][:6]
 
 
+THOROUGH = "FORGE_COURSE_THOROUGH"
+
+
+def thorough_requested() -> bool:
+    """Whether this process runs every check thoroughly (the hidden tests' cases), as
+    `forge-course check` asks its kernel to: then a visible test's verdict is the grader's."""
+    return os.environ.get(THOROUGH) == "1"
+
+
 def grading_seed() -> int:
     """The seed for hidden cases: new for every grading run, so answers cannot be tuned to it.
 
@@ -490,6 +499,7 @@ class Exercise:
     def check(self, fn: Callable, thorough: bool = False) -> None:
         """Observe ``fn`` on every case and judge it: what a notebook's test cell calls."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+        thorough = thorough or thorough_requested()
         if is_reference(fn):  # the answer *is* the reference (``ref.f.__wrapped__``, say)
             raise Mistake(self.grade_id, str(refusal(self.function)))
         new_check()
