@@ -26,7 +26,7 @@ import importlib
 from forge_course.grading import answers
 
 BEGIN, END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
-CHECKS = ("check_number", "check_choice")
+CHECKS = ("check_number", "check_choice", "check_labels")
 _MODULES = ("math", "numpy", "torch")
 
 
@@ -55,25 +55,31 @@ class _Unknown(dict):
         return None
 
 
-def key_of(source: str, grade_id: str) -> dict | None:
-    """The answer key of the question test cell ``source`` (None if it checks no question)."""
-    keys: list[dict] = []
+def key_of(source: str, cell_id: str) -> tuple[str, dict] | None:
+    """The grade id its checks report and the answer key of the test cell ``source`` (None if
+    it checks no question)."""
+    keys: list[tuple[str, dict]] = []
 
     def record_number(_answer, gid, expected=None, *, rel_tol=1e-9, hints=None, **_):
-        if gid == grade_id and expected is not None:
-            keys.append(answers.number_key(gid, expected, rel_tol=rel_tol, hints=hints))
+        if expected is not None:
+            keys.append((gid, answers.number_key(gid, expected, rel_tol=rel_tol, hints=hints)))
 
     def record_choice(_answer, gid, choices=None, correct=None, why_not=None, **_):
-        if gid == grade_id and correct is not None:
-            keys.append(answers.choice_key(gid, correct, why_not))
+        if correct is not None:
+            keys.append((gid, answers.choice_key(gid, correct, why_not)))
+
+    def record_labels(_answer, gid, loops=None, codes=None, correct=None, hints=None, **_):
+        if correct is not None:
+            keys.append((gid, answers.labels_key(gid, correct, hints)))
 
     code = hidden_code(source)
     if not any(name in code for name in CHECKS):
         return None
     scope = {"check_number": record_number, "check_choice": record_choice}
-    exec(compile(code, f"<hidden tests of {grade_id}>", "exec"), scope, _Unknown(scope))  # noqa: S102
+    scope["check_labels"] = record_labels
+    exec(compile(code, f"<hidden tests of {cell_id}>", "exec"), scope, _Unknown(scope))  # noqa: S102
     if len(keys) > 1:
-        raise ValueError(f"{grade_id}: its hidden tests check the answer {len(keys)} times")
+        raise ValueError(f"{cell_id}: its hidden tests check the answer {len(keys)} times")
     return keys[0] if keys else None
 
 
@@ -93,7 +99,12 @@ def _visible_call(tree: ast.AST, grade_id: str) -> ast.Call | None:
 def _written(key: dict) -> str:
     """The key as code, one digest a line (the course's hints, long lines and all)."""
     lines = ["{", "    # digests of the right answer and of known wrong ones, with their hints"]
-    lines += [f"    {name!r}: {value!r}," for name, value in key.items() if name != "hints"]
+    for name, value in key.items():
+        if isinstance(value, dict) and name != "hints":  # one digest per item
+            lines += [f"    {name!r}: {{"] + [f"        {k!r}: {v!r}," for k, v in value.items()]
+            lines.append("    },")
+        elif name != "hints":
+            lines.append(f"    {name!r}: {value!r},")
     lines.append("    'hints': {")
     lines += [f"        {digest!r}: {text!r}," for digest, text in key["hints"].items()]
     lines += ["    },", "}"]
@@ -133,7 +144,7 @@ def keyed_cells(source_nb, released_nb) -> dict[str, str]:
         meta = cell.metadata.get("nbgrader", {})
         if not meta.get("grade") or meta["grade_id"] not in sources:
             continue
-        key = key_of(sources[meta["grade_id"]], meta["grade_id"])
-        if key is not None:
-            keyed[meta["grade_id"]] = with_key(cell.source, meta["grade_id"], key)
+        found = key_of(sources[meta["grade_id"]], meta["grade_id"])
+        if found is not None:
+            keyed[meta["grade_id"]] = with_key(cell.source, *found)
     return keyed

@@ -74,3 +74,23 @@ def judge_choice(key: dict, grade_id: str, answer: str) -> str | None:
     if found == key["right"]:
         return None
     return f"{answer!r} is not right. {key['hints'].get(found, '')}".strip()
+
+
+def labels_key(grade_id: str, correct: dict[str, str], hints: dict | None = None) -> dict:
+    """The key of a labelling exercise (one code per item), from its hidden ``check_labels``:
+    one digest per item, salted with the item's name too."""
+    return {
+        "right": {
+            item: digest(f"{grade_id}:{item}", normal_choice(code)) for item, code in correct.items()
+        },
+        "hints": dict(hints or {}),
+    }
+
+
+def wrongly_labelled(key: dict, grade_id: str, labels: dict[str, str]) -> list[str]:
+    """The items of ``labels`` whose code is not the right one, in the key's order."""
+    return [
+        item
+        for item, right in key["right"].items()
+        if digest(f"{grade_id}:{item}", normal_choice(labels[item])) != right
+    ]
