@@ -171,3 +171,12 @@ def test_forge_course_check_reports_each_wrong_answer_with_the_graders_message(t
     assert tests and all(f"FAIL  {t}" in report for t in tests), report
     assert all(message in report for message in expected.values()), report
     assert "0 of 9 points, checked as the grader checks them." in report
+
+
+def test_ch00_names_the_floor_division_slip_in_the_learners_own_cell():
+    """The most common slip of chapter 00, ``N // B`` for the number of batches, is named by
+    the question's visible test, as the grader names it."""
+    cell = released_cells("ch00_training_arithmetic")["ch00_q_iterations"]
+    message = said(cell, {"q_iterations": 50_000 // 256})
+    assert message is not None and "50,000 // 256 rounds down" in message
+    assert said(cell, {"q_iterations": math.ceil(50_000 / 256)}) is None
