@@ -133,6 +133,7 @@ def _wrong_answers():
                 yield pytest.param(chapter, source, messages, id=f"{cell}-{k}")
 
 
+@pytest.mark.slow  # about two minutes on two loaded cores: every chapter's visible checks
 @pytest.mark.parametrize("chapter,source,messages", list(_wrong_answers()))
 def test_each_typical_wrong_answer_fails_the_visible_tests_with_the_graders_message(
     chapter, source, messages
@@ -146,6 +147,7 @@ def test_each_typical_wrong_answer_fails_the_visible_tests_with_the_graders_mess
         assert message in got
 
 
+@pytest.mark.slow  # runs chapter 00 in a kernel, thoroughly
 def test_forge_course_check_reports_each_wrong_answer_with_the_graders_message(tmp_path, capsys):
     """ch00 answered wrong throughout: `forge-course check` fails every test, with the message
     the grader gives (thorough checks for the exercises, answer keys for the questions)."""
@@ -180,3 +182,18 @@ def test_ch00_names_the_floor_division_slip_in_the_learners_own_cell():
     message = said(cell, {"q_iterations": 50_000 // 256})
     assert message is not None and "50,000 // 256 rounds down" in message
     assert said(cell, {"q_iterations": math.ceil(50_000 / 256)}) is None
+
+
+def test_check_says_which_answers_a_graded_copy_cannot_judge():
+    """A graded class's notebook has no answer keys: a question that passes there passed on its
+    form only, and `forge-course check` neither counts it as right nor exits 0 on it."""
+    from forge_course.check import TestResult, _form_only, report
+
+    graded = "check_number(q_updates, 'ch00_q_updates')"
+    keyed = released_cells("ch00_training_arithmetic")["ch00_q_updates"]
+    assert _form_only(graded) and not _form_only(keyed)
+    text = report([TestResult("ch00_q_updates", 1, True, "", form_only=True),
+                   TestResult("ch00_update_schedule_tests", 3, True, "")])  # fmt: skip
+    assert "FORM  ch00_q_updates" in text and "PASS  ch00_update_schedule_tests" in text
+    assert "3 of 3 points, checked as the grader checks them." in text
+    assert "1 answer(s) of the right form, not judged here" in text
