@@ -7,7 +7,7 @@ LAB_ARGS ?=
 # Tools that the tests start by name (nbgrader runs `alembic`, the lab test runs `jupyter`).
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup lab check test release grade bench mutate
+.PHONY: setup lab check test release release-graded grade bench mutate
 
 setup: $(STAMP)
 
@@ -49,6 +49,11 @@ test: setup
 
 release: setup
 	$(BIN)/forge-course release
+
+# The notebooks for a graded class (nbgrader or `forge-course grade`): build/graded/, whose
+# question cells check only an answer's form, where notebooks/ tells a learner right from wrong.
+release-graded: setup
+	$(BIN)/forge-course release --graded
 
 # Measures chapters, simulations, grading and set-up into benchmarks/RESULTS.md (BENCH_ARGS=--quick).
 bench: setup

@@ -1,9 +1,11 @@
 """`forge-course check NOTEBOOK`: run a notebook and report its tests like a teaching assistant.
 
 It executes every cell in a fresh kernel (the notebook's folder as working directory), then
-reads the outcome of each graded test cell: passed, or the first line of what went wrong and
-the likely mistake. Hidden tests are not in a learner's copy, so a pass here means the visible
-tests pass; the grader runs more cases.
+reads the outcome of each graded test cell: passed, or what went wrong and the likely mistake.
+The kernel runs every exercise's check thoroughly (the hidden tests' cases, drawn at random as
+the grader draws them), and a self-study notebook's question cells hold answer keys
+(`forge_course.grading.answers`), so each verdict is the grader's. A graded class's notebook
+has no keys: its question cells check the answer's form only, and the report says so.
 """
 
 from __future__ import annotations
@@ -22,14 +24,25 @@ class TestResult:
     points: float
     passed: bool
     message: str
+    form_only: bool = False  # a question without its answer key: only the form was checked
 
 
-def execute(path: Path, timeout: int = 120, repeat: int = 1) -> nbformat.NotebookNode:
+def _form_only(source: str) -> bool:
+    return ("check_number(" in source or "check_choice(" in source) and "key=" not in source
+
+
+def execute(
+    path: Path, timeout: int = 120, repeat: int = 1, thorough: bool = False
+) -> nbformat.NotebookNode:
     """Run every cell of the notebook at ``path`` (``repeat`` times in one kernel); return it run.
 
     Errors do not stop the run: every test cell gets its own verdict. ``repeat=2`` checks that a
     notebook runs again top to bottom without a kernel restart.
     """
+    import os
+
+    from forge_course.grading.core import THOROUGH
+
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
         nb,
@@ -38,7 +51,9 @@ def execute(path: Path, timeout: int = 120, repeat: int = 1) -> nbformat.Noteboo
         allow_errors=True,
         resources={"metadata": {"path": str(Path(path).parent)}},
     )
-    with client.setup_kernel():
+    # With thorough, the kernel runs every check with the grader's cases.
+    env = {**os.environ, THOROUGH: "1"} if thorough else None
+    with client.setup_kernel(**({"env": env} if env else {})):
         for _ in range(repeat):
             for index, cell in enumerate(nb.cells):
                 client.execute_cell(cell, index)
@@ -62,7 +77,15 @@ def graded_results(nb: nbformat.NotebookNode) -> list[TestResult]:
         if failures:
             err = failures[0]
             message = f"{err['ename']}: {err['evalue']}"
-        results.append(TestResult(meta["grade_id"], meta.get("points", 0), not failures, message))
+        results.append(
+            TestResult(
+                meta["grade_id"],
+                meta.get("points", 0),
+                not failures,
+                message,
+                form_only=_form_only(cell.source),
+            )
+        )
     return results
 
 
@@ -71,12 +94,20 @@ def report(results: list[TestResult]) -> str:
     lines = []
     for r in results:
         unit = "point" if r.points == 1 else "points"
-        lines.append(f"{'PASS' if r.passed else 'FAIL'}  {r.grade_id}  ({r.points:g} {unit})")
+        verdict = "FORM" if r.form_only and r.passed else "PASS" if r.passed else "FAIL"
+        lines.append(f"{verdict}  {r.grade_id}  ({r.points:g} {unit})")
         if not r.passed:
             lines += [f"      {line}" for line in r.message.splitlines()]
-    earned = sum(r.points for r in results if r.passed)
-    total = sum(r.points for r in results)
-    lines.append(f"{earned:g} of {total:g} points from the visible tests.")
+    judged = [r for r in results if not (r.form_only and r.passed)]
+    earned = sum(r.points for r in judged if r.passed)
+    total = sum(r.points for r in judged)
+    lines.append(f"{earned:g} of {total:g} points, checked as the grader checks them.")
+    unjudged = len(results) - len(judged)
+    if unjudged:
+        lines.append(
+            f"FORM: {unjudged} answer(s) of the right form, not judged here: this notebook is "
+            "a graded class's copy, without answer keys; your instructor grades them."
+        )
     return "\n".join(lines)
 
 
@@ -89,6 +120,6 @@ def main(argv: list[str]) -> int:
         print(f"No notebook at {path}.", file=sys.stderr)
         return 2
     print(f"Running {path.name} top to bottom ...", flush=True)
-    results = graded_results(execute(path))
+    results = graded_results(execute(path, timeout=600, thorough=True))
     print(report(results))
-    return 0 if results and all(r.passed for r in results) else 1
+    return 0 if results and all(r.passed and not r.form_only for r in results) else 1

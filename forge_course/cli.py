@@ -11,7 +11,8 @@ commands:
                           open the course in JupyterLab (learners)
   check NOTEBOOK          run a notebook and report its tests (learners)
   doctor FILE.py:FUNC     run a training function under the loop doctor
-  release                 rebuild build/source and notebooks/ from solutions/ (instructors)
+  release [--graded]      rebuild build/source and notebooks/ from solutions/ (instructors);
+                          --graded: build/graded/, whose question cells reveal nothing
   grade [ASSIGNMENT ...]  grade grading/submitted/ in parallel, isolated (graders);
                           options: --submitted DIR, --jobs N, --timeout S, --memory MB,
                           --device auto|cpu|cuda, --seed N, --force, --unsafe,
@@ -43,8 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     if command == "release":
         from forge_course.release import release
 
-        chapters = release()
-        print(f"Released {len(chapters)} chapter(s) into notebooks/: {', '.join(chapters)}")
+        if rest not in ([], ["--graded"]):
+            print("usage: forge-course release [--graded]", file=sys.stderr)
+            return 2
+        graded = rest == ["--graded"]
+        chapters = release(graded=graded)
+        where = "build/graded/ (for graded classes)" if graded else "notebooks/ (self-study)"
+        print(f"Released {len(chapters)} chapter(s) into {where}: {', '.join(chapters)}")
         return 0
     if command == "grade":
         return _grade(rest)

@@ -108,14 +108,26 @@ def write_notebook(nb: nbformat.NotebookNode, path: Path) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def clean_release(path: Path, out: Path) -> None:
+def clean_release(path: Path, out: Path, keyed: dict[str, str] | None = None) -> None:
     """Write nbgrader's release ``path`` to ``out`` without what nbgrader adds that varies
-    between runs; keep every cell's nbgrader metadata."""
+    between runs; keep every cell's nbgrader metadata.
+
+    ``keyed`` replaces the source of question test cells by grade id (the self-study cells
+    with their answer keys, `forge_course.answer_keys`); their checksum is recomputed, so
+    nbgrader's Validate does not call them changed.
+    """
+    from nbgrader.utils import compute_checksum
+
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         cell.metadata = {k: v for k, v in cell.metadata.items() if k in ("nbgrader", "tags")}
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if keyed and grade_id in keyed:
+            cell.source = keyed[grade_id]
+            if "checksum" in cell.metadata["nbgrader"]:
+                cell.metadata["nbgrader"]["checksum"] = compute_checksum(cell)
     nb.metadata = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
     write_notebook(nb, out)
 
@@ -162,13 +174,18 @@ def build_sources(
     return chapters
 
 
-def generate_release(course_root: Path, chapters: list[str]) -> None:
+def generate_release(course_root: Path, chapters: list[str], graded: bool = False) -> Path:
     """Run nbgrader's generate_assignment for each chapter of the course rooted at ``course_root``.
 
     The course root must hold ``build/source``; nbgrader releases into ``build/release``, and
-    each chapter's cleaned release lands in ``notebooks``. Each chapter is also registered in
-    the course's gradebook, so the Formgrader lists it and ``nbgrader autograde`` finds it.
+    each chapter's cleaned release lands in ``notebooks`` (self-study: each question's visible
+    test holds its answer key) or, with ``graded``, in ``build/graded`` (no key: the question
+    cells reveal nothing). Each chapter is also registered in the course's gradebook, so the
+    Formgrader lists it and ``nbgrader autograde`` finds it. Returns the folder written.
     """
+    from forge_course import answer_keys
+
+    handout = course_root / ("build/graded" if graded else "notebooks")
     import os
 
     from nbgrader.apps import NbGraderAPI
@@ -184,20 +201,28 @@ def generate_release(course_root: Path, chapters: list[str]) -> None:
             if not result["success"]:
                 raise RuntimeError(f"nbgrader could not release {chapter}:\n{result.get('error')}")
             name = f"{chapter}/{chapter}.ipynb"
-            clean_release(
-                course_root / "build" / "release" / name, course_root / "notebooks" / name
-            )
+            released = course_root / "build" / "release" / name
+            keyed = None
+            if not graded:
+                keyed = answer_keys.keyed_cells(
+                    nbformat.read(course_root / "build" / "source" / name, as_version=4),
+                    nbformat.read(released, as_version=4),
+                )
+            clean_release(released, handout / name, keyed)
     finally:
         if previous is None:
             os.environ.pop("FORGE_COURSE_ROOT", None)
         else:
             os.environ["FORGE_COURSE_ROOT"] = previous
-    write_notebook(index_notebook(chapters), course_root / "notebooks" / "index.ipynb")
+    write_notebook(index_notebook(chapters), handout / "index.ipynb")
+    return handout
 
 
-def release(repo: Path = REPO) -> list[str]:
-    """`make release`: rebuild ``build/source``, ``notebooks`` and the README's badges."""
+def release(repo: Path = REPO, graded: bool = False) -> list[str]:
+    """`make release`: rebuild ``build/source``, ``notebooks`` and the README's badges; with
+    ``graded`` (`make release-graded`), ``build/graded`` instead of ``notebooks``."""
     chapters = build_sources(repo)
-    generate_release(repo, chapters)
-    colab.update_readme(repo)
+    generate_release(repo, chapters, graded=graded)
+    if not graded:
+        colab.update_readme(repo)
     return chapters

@@ -1157,11 +1157,12 @@ labels = {
 ### END SOLUTION
 
 # %% nbgrader={"grade_id": "ch07_mystery_loops_tests", "grade": true, "points": 3}
-# Visible tests: one label for each loop A to F, each one of the codes in the table.
+# Visible tests: one label for each loop A to F, each one of the codes in the table; in the
+# self-study notebook, each label is also checked against its answer key.
 from forge_course.grading.ch07 import check_labels
 
 check_labels(labels, "ch07_mystery_loops", loops=list("ABCDEF"))
-print("labels: one valid code for each of the six loops (the grader checks which are right).")
+print("labels: a valid code for each of the six loops (and, with an answer key, each right).")
 ### BEGIN HIDDEN TESTS
 check_labels(
     labels,

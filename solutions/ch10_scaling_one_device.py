@@ -596,12 +596,13 @@ for name in names:
 # * return the loss as a Python float.
 #
 # The check's model has dropout and a forward hook: call the model itself (`model(x)`), in the
-# train mode its caller set. The check runs two steps on the CPU (bfloat16, no scaler) and
-# compares the model's output dtype, the returned loss and the parameters (at bfloat16
-# precision) with the reference. The hidden check adds AdamW, a scaler passed on the CPU, a
-# gradient that overflows (the step must be skipped and the scale halved), every device, and,
-# so that a device written into the code shows even on a machine without a GPU, a CPU batch
-# whose `device` says `cuda` (CUDA's autocast leaves its CPU arithmetic in float32).
+# train mode its caller set. The check runs two steps on the CPU (bfloat16) without a scaler,
+# with a scaler passed in, and with a scaler and a gradient that overflows (the step must be
+# skipped and the scale halved), and compares the model's output dtype, the returned loss and
+# the parameters (at bfloat16 precision) with the reference. The hidden check adds more seeds,
+# every device, and, so that a device written into the code shows even on a machine without a
+# GPU, a CPU batch whose `device` says `cuda` (CUDA's autocast leaves its CPU arithmetic in
+# float32).
 
 
 # %% nbgrader={"grade_id": "ch10_amp_step", "solution": true}
@@ -623,11 +624,15 @@ def amp_train_step(model, optimizer, loss_fn, x, y, scaler=None):
 
 
 # %% nbgrader={"grade_id": "ch10_amp_step_tests", "grade": true, "points": 3}
-# Visible tests: a small classifier on the CPU, SGD with momentum, no scaler; two steps.
+# Visible tests: a small classifier on the CPU, two steps without a scaler, with one, and with
+# a gradient that overflows.
 from forge_course.grading import ch10
 
 ch10.check_amp_step(amp_train_step)
-print("amp_train_step: bfloat16 forward on the CPU, float32 weights, the reference's update.")
+print(
+    "amp_train_step: bfloat16 forward on the CPU, float32 weights, the reference's update, "
+    "with and without a scaler."
+)
 ### BEGIN HIDDEN TESTS
 ch10.check_amp_step(amp_train_step, thorough=True)
 ### END HIDDEN TESTS

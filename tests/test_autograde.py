@@ -75,16 +75,23 @@ def _test_outputs(nb):
 NBGRADER_STUDENTS = ("blank", "alternative", "wrong_1")
 
 
+# Every chapter's self-study notebook (answer keys in its question cells), and one chapter's
+# graded-class edition (`forge-course release --graded`, no keys): both grade the same.
+EDITIONS = [pytest.param(c, False, id=c) for c in CHAPTERS] + [
+    pytest.param("ch00_training_arithmetic", True, id="ch00_training_arithmetic-graded")
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("chapter", CHAPTERS)
-def test_round_trip(chapter, tmp_path, monkeypatch):
+@pytest.mark.parametrize("chapter,graded", EDITIONS)
+def test_round_trip(chapter, graded, tmp_path, monkeypatch):
     """One nbgrader run per chapter (it is the slow part); every check collected, then reported."""
     root = tmp_path
     build_sources(REPO, root / "build" / "source", [chapter])
-    generate_release(root, [chapter])
+    handout = generate_release(root, [chapter], graded=graded)
     name = f"{chapter}.ipynb"
     source = nbformat.read(root / "build" / "source" / chapter / name, as_version=4)
-    released = nbformat.read(root / "notebooks" / chapter / name, as_version=4)
+    released = nbformat.read(handout / chapter / name, as_version=4)
     answers = _answers(chapter)
     solved = _solutions(source)
     # Every submission but the blank one answers the cells it does not change correctly. The

@@ -97,3 +97,29 @@ def test_sources_keep_only_nbgrader_fields(tmp_path):
     assert "jupytext" not in json.dumps(nb)
     graded = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade")]
     assert graded and all(c["metadata"]["nbgrader"]["schema_version"] == 3 for c in graded)
+
+
+def test_the_graded_release_has_no_answer_keys_and_differs_only_there(tmp_path):
+    """`forge-course release --graded`: the self-study notebook without its answer keys."""
+    chapter = "ch00_training_arithmetic"
+    release.build_sources(REPO, tmp_path / "build" / "source", [chapter])
+    handout = release.generate_release(tmp_path, [chapter], graded=True)
+    assert handout == tmp_path / "build" / "graded"
+    graded = nbformat.read(handout / chapter / f"{chapter}.ipynb", as_version=4)
+    learner = nbformat.read(REPO / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
+    keyed = [c.metadata["nbgrader"]["grade_id"] for c in learner.cells if "key={" in c.source]
+    assert keyed == ["ch00_q_iterations", "ch00_q_updates", "ch00_q_scheduler"]
+    assert "key=" not in json.dumps(graded)
+    for mine, theirs in zip(graded.cells, learner.cells, strict=True):
+        if mine.get("metadata", {}).get("nbgrader", {}).get("grade_id") not in keyed:
+            assert mine == theirs
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_validate_does_not_call_a_keyed_question_cell_changed(chapter):
+    """The release recomputes the checksum of each cell it gives a key, so nbgrader's Validate
+    sees the learner's copy as it was handed out."""
+    from nbgrader.validator import Validator
+
+    nb = nbformat.read(REPO / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
+    assert Validator()._get_changed_cells(nb) == []

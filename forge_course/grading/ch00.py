@@ -380,9 +380,7 @@ def check_update_schedule(fn, thorough: bool = False) -> None:
 # ---------------------------------------------------------------- questions
 
 
-def check_number(
-    answer, grade_id: str, expected: float | None = None, *, rel_tol: float = 1e-9, hints=None
-) -> None:
+def check_number(answer, grade_id: str, expected: float | None = None, **options) -> None:
     """`forge_course.grading.check_number`, with a NumPy number taken as the number it holds.
 
     A count worked out with NumPy (``np.ceil(N / B)``, ``np.int64(N) // B``) is a NumPy scalar,
@@ -391,7 +389,7 @@ def check_number(
     __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
     if isinstance(answer, np.number):
         answer = answer.item()
-    core.check_number(answer, grade_id, expected, rel_tol=rel_tol, hints=hints)
+    core.check_number(answer, grade_id, expected, **options)
 
 
 EXERCISES = [

@@ -398,20 +398,22 @@ def _collate_case(sequences, labels, dtype="int64", pad_value=None, what="") -> 
 
 
 def collate_cases(thorough: bool = False) -> list[dict]:
-    """Three reviews, a custom pad value; thorough: dtypes, empty sequences, pad-valued tokens."""
+    """Three reviews, a custom pad value, and each case the exercise text names (another integer
+    dtype, real tokens equal to pad_value, empty sequences, all empty); thorough: more dtypes,
+    a batch of one, random batches."""
     cases = [
         THREE_REVIEWS,
         _collate_case([[4, 5, 6], [7], [8, 9]], [0, 1, 1], pad_value=-1, what="pad_value=-1"),
-    ]
+        _collate_case([[5, 0, 3], [0], [7, 7, 7, 7]], [1, 0, 1], "int32",
+                      what="int32 ids, token 0 inside a sequence"),
+        _collate_case([[9, 5, 5], [5]], [1, 1], pad_value=5,
+                      what="pad_value=5 and real tokens equal to 5"),
+        _collate_case([[], [3, 1], []], [0, 1, 0], what="empty sequences"),
+        _collate_case([[], []], [1, 0], "int32", what="only empty sequences"),
+    ]  # fmt: skip
     if thorough:
         cases += [
-            _collate_case([[5, 0, 3], [0], [7, 7, 7, 7]], [1, 0, 1], "int32",
-                          what="int32 ids, token 0 inside a sequence"),
-            _collate_case([[9, 5, 5], [5]], [1, 1], pad_value=5,
-                          what="pad_value=5 and real tokens equal to 5"),
             _collate_case([[255, 1], [2]], [0, 1], "uint8", what="uint8 ids"),
-            _collate_case([[], [3, 1], []], [0, 1, 0], what="empty sequences"),
-            _collate_case([[], []], [1, 0], "int32", what="only empty sequences"),
             _collate_case([[9, 8, 7]], [1], pad_value=2, what="a batch of one"),
         ]  # fmt: skip
         rng = random.Random(grading_seed())

@@ -441,8 +441,9 @@ def _predict_case(i: int, device: str, seed: int, **overrides) -> dict:
 
 
 def predict_cases(thorough: bool = False) -> list[dict]:
-    """From train mode, from eval mode and with a frozen batch norm, on the CPU; and a model on
-    ``meta``, which shows on any machine whether the classes come back on the model's device.
+    """From train mode, from eval mode (inputs ``[B, T, features]``) and with a frozen batch
+    norm, on the CPU; and a model on ``meta``, which shows on any machine whether the classes
+    come back on the model's device.
 
     Thorough: on every device, with new seeds, inputs with an extra dimension
     (``[B, T, features]``) and float64.
@@ -451,7 +452,8 @@ def predict_cases(thorough: bool = False) -> list[dict]:
     if not thorough:
         return [
             _predict_case(0, "cpu", 0),
-            _predict_case(1, "cpu", 0, model="dropout", start="eval", shape=[5]),
+            # inputs with a leading dimension more ([B, T, features]), as the exercise says
+            _predict_case(1, "cpu", 0, model="dropout", start="eval", shape=[3, 5]),
             _predict_case(2, "cpu", 0, start="frozen_bn", shape=[4]),
             on_meta,
         ]

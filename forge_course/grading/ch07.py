@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from forge_course.device import available_devices
+from forge_course.grading import answers
 from forge_course.grading.core import Exercise, Mistake, grading_seed
 from forge_course.observe.ch07 import (
     GRAD_MODELS,
@@ -360,8 +361,11 @@ def check_labels(
     codes: Sequence[str] = MYSTERY_CODES,
     correct: dict[str, str] | None = None,
     hints: dict[str, str] | None = None,
+    *,
+    key: dict | None = None,
 ) -> None:
-    """Check a ``{loop: code}`` answer: its form (visible tests), then each label (hidden tests).
+    """Check a ``{loop: code}`` answer: its form, then each label: with ``correct`` (hidden
+    tests) or with a self-study notebook's answer ``key`` (`forge_course.grading.answers`).
 
     Loop names are matched without regard to case or spaces, codes likewise. With ``correct``,
     every wrong label is listed with the hint for its loop, so one message says all there is.
@@ -387,9 +391,13 @@ def check_labels(
             raise Mistake(
                 grade_id, f"Loop {loop}: {label!r} is not one of the codes {list(codes)}."
             )
-    if correct is None:
+    if correct is not None:
+        wrong = [loop for loop in loops if labels[loop].strip().lower() != correct[loop]]
+    elif key is not None:
+        wrong = answers.wrongly_labelled(key, grade_id, labels)
+        hints = key["hints"]
+    else:
         return
-    wrong = [loop for loop in loops if labels[loop].strip().lower() != correct[loop]]
     if wrong:
         hints = hints or {}
         lines = [

@@ -19,7 +19,13 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from forge_course.device import available_devices, tolerance
-from forge_course.grading.core import Exercise, Mistake, first_difference, grading_seed
+from forge_course.grading.core import (
+    Exercise,
+    Mistake,
+    first_difference,
+    grading_seed,
+    thorough_requested,
+)
 from forge_course.observe.ch08 import HISTORY_KEYS, observe_arena_config, observe_fit
 from forge_course.reference import training as ref
 from forge_course.sims import arena
@@ -459,6 +465,7 @@ class ArenaExercise(Exercise):
 
     def check(self, fn, thorough: bool = False) -> list[arena.ArenaResult]:
         """Judge the config on every case's seed; the arena results, one per seed."""
+        thorough = thorough or thorough_requested()
         return [self.judge(case, self.observe(fn, case)) for case in self.cases(thorough)]
 
 

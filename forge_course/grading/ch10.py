@@ -170,10 +170,15 @@ check_accumulate_step = ACCUMULATE.check
 
 
 def amp_cases(thorough: bool = False) -> list[dict]:
-    """The CPU without a scaler; thorough adds AdamW, scalers, an overflow, every device, and a
-    CPU batch that says it is on CUDA (so that a hard-coded "cpu" shows on any machine)."""
+    """The CPU without a scaler, with one, and with one whose gradient overflows (each case the
+    exercise text names); thorough adds AdamW without a scaler, every device, and a CPU batch
+    that says it is on CUDA (so that a hard-coded "cpu" shows on any machine)."""
     if not thorough:
-        return [{"device": "cpu", "optimizer": "momentum", "scaler": "none", "seed": 0}]
+        return [
+            {"device": "cpu", "optimizer": "momentum", "scaler": "none", "seed": 0},
+            {"device": "cpu", "optimizer": "adamw", "scaler": "given", "seed": 1},
+            {"device": "cpu", "optimizer": "momentum", "scaler": "overflow", "seed": 2},
+        ]
     seed, devices = _devices_and_seeds(thorough)
     cases = []
     for i, device in enumerate(devices):

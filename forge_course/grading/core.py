@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from forge_course.device import tolerance
+from forge_course.grading import answers
 from forge_course.observe.common import INSTRUMENT_TAMPERED, Mistake, Tampered, set_guard
 from forge_course.observe.common import call_answer as call_answer  # re-exported for the checks
 from forge_course.reference.guard import (
@@ -251,6 +252,15 @@ def _other_differences(got: Observation, want: Observation, first: str | None) -
     if first is None:
         return []
     return [k for k in want if k != first and first_difference(got[k], want[k]) is not None][:6]
+
+
+THOROUGH = "FORGE_COURSE_THOROUGH"
+
+
+def thorough_requested() -> bool:
+    """Whether this process runs every check thoroughly (the hidden tests' cases), as
+    `forge-course check` asks its kernel to: then a visible test's verdict is the grader's."""
+    return os.environ.get(THOROUGH) == "1"
 
 
 def grading_seed() -> int:
@@ -489,6 +499,7 @@ class Exercise:
     def check(self, fn: Callable, thorough: bool = False) -> None:
         """Observe ``fn`` on every case and judge it: what a notebook's test cell calls."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+        thorough = thorough or thorough_requested()
         if is_reference(fn):  # the answer *is* the reference (``ref.f.__wrapped__``, say)
             raise Mistake(self.grade_id, str(refusal(self.function)))
         new_check()
@@ -518,10 +529,13 @@ def check_choice(
     choices: Sequence[str],
     correct: str | None = None,
     why_not: dict[str, str] | None = None,
+    *,
+    key: dict | None = None,
 ) -> None:
-    """Check a multiple-choice answer: first its form, then (in hidden tests) that it is right.
+    """Check a multiple-choice answer: first its form, then that it is right.
 
-    Visible tests call it without ``correct`` so learners learn the format, not the answer.
+    Hidden tests pass ``correct``; a self-study notebook's visible test passes ``key`` instead
+    (`forge_course.grading.answers`), which tells right from wrong without holding the answer.
     """
     __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
     choices = list(choices)  # a string of letters is a list of one-letter choices, not a word
@@ -532,6 +546,10 @@ def check_choice(
     if correct is not None and answer.strip().lower() != correct:
         reason = (why_not or {}).get(answer.strip().lower(), "")
         raise Mistake(grade_id, f"{answer!r} is not right. {reason}".strip())
+    if correct is None and key is not None:
+        message = answers.judge_choice(key, grade_id, answer)
+        if message:
+            raise Mistake(grade_id, message)
 
 
 def check_number(
@@ -541,10 +559,13 @@ def check_number(
     *,
     rel_tol: float = 1e-9,
     hints: dict[float, str] | None = None,
+    key: dict | None = None,
 ) -> None:
-    """Check a numeric answer: first that it is a number, then (hidden) that it equals ``expected``.
+    """Check a numeric answer: first that it is a number, then that it equals ``expected``.
 
-    ``hints`` maps the values that common slips produce to what the slip was.
+    ``hints`` maps the values that common slips produce to what the slip was. Hidden tests pass
+    ``expected``; a self-study notebook's visible test passes ``key`` instead
+    (`forge_course.grading.answers`), which gives the same verdict without holding the answer.
     """
     __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
     if answer is None or answer is ...:
@@ -553,6 +574,11 @@ def check_number(
         answer = answer.item()  # NumPy's own numbers are numbers
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         raise Mistake(grade_id, f"The answer should be a number, got {answer!r}.")
+    if expected is None and key is not None:
+        message = answers.judge_number(key, grade_id, answer)
+        if message:
+            raise Mistake(grade_id, message)
+        return
     if expected is None or math.isclose(answer, expected, rel_tol=rel_tol, abs_tol=1e-12):
         return
     for value, slip in (hints or {}).items():
