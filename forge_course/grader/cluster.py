@@ -103,6 +103,13 @@ def grade_remotely(assignment_id: str, source: str, notebook: bytes | None, sett
             if _state["workers"] is not None:
                 _state["workers"].close()
             os.environ["FORGE_GRADING_SEED"] = str(settings["seed"])
+            # This process serves one run after another: each names its own devices.
+            own = _state.setdefault("own_device", os.environ.get("FORGE_DEVICE"))
+            chosen = sandbox.chosen_devices(settings["device"]).get("FORGE_DEVICE", own)
+            if chosen:
+                os.environ["FORGE_DEVICE"] = chosen
+            else:
+                os.environ.pop("FORGE_DEVICE", None)
             limits = sandbox.Limits(**settings["limits"])
             stage_dir = Path(tempfile.mkdtemp(dir=scratch))
             sandbox.stage(stage_dir)

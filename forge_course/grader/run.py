@@ -263,8 +263,11 @@ def grade(
     known = set(chapter_ids(course_root))
     work = [w for w in discover(submitted, assignment_ids) if w[1] in known]
     run_seed = _resolve_seed(grading, seed, force)
+    # The cases are drawn here, for the devices the run may use. This process only names them
+    # (FORGE_DEVICE): it never hides a GPU from itself, which a process that has opened CUDA
+    # cannot undo; the workers are handed theirs (`sandbox.device_environment`).
     with (
-        _env(FORGE_GRADING_SEED=str(run_seed)),
+        _env(FORGE_GRADING_SEED=str(run_seed), **sandbox.chosen_devices(device)),
         tempfile.TemporaryDirectory(prefix="forge-stage-") as stage_dir,
     ):
         if cluster is None:

@@ -247,12 +247,16 @@ def _start_in(groups: list[Path]):
 
 
 def device_environment(device: str) -> dict[str, str]:
-    """What tells a worker's checks which devices to use, for ``--device`` auto, cpu or cuda."""
+    """What tells a worker's checks which devices to use, for ``--device`` auto, cpu or cuda.
+    The grader's own process draws the cases from ``FORGE_DEVICE`` alone (`chosen_devices`)."""
     if device == "cpu":
-        return {"FORGE_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-    if device == "cuda":
-        return {"FORGE_DEVICE": "cuda"}
-    return {}
+        return {**chosen_devices(device), "CUDA_VISIBLE_DEVICES": ""}
+    return chosen_devices(device)
+
+
+def chosen_devices(device: str) -> dict[str, str]:
+    """``FORGE_DEVICE`` for ``--device`` cpu or cuda (auto: nothing, every device present)."""
+    return {"FORGE_DEVICE": device} if device in ("cpu", "cuda") else {}
 
 
 def _environment(home: str, devices: dict[str, str]) -> dict[str, str]:
