@@ -11,7 +11,6 @@ import ast
 import contextlib
 import importlib
 import io
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +41,6 @@ class Assignment:
         if self._settings is None:
             scope: dict = {"__name__": "__forge_settings__"}
             with clean_room(), contextlib.redirect_stdout(io.StringIO()):
-                # The questions' tests check plain values: the grader's own process never
-                # opens a GPU (a CUDA context costs it memory on the card the workers share).
-                os.environ["FORGE_DEVICE"] = "cpu"  # clean_room puts the environment back
                 exec(compile(self.prelude, f"<{self.id} set-up>", "exec"), scope)
             self._settings = scope
         return dict(self._settings)
