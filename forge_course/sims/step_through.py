@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
+import numpy as np
 
 from forge_course.reference.step import evaluate_linear, hand_step
 from forge_course.sims.display import PALETTE, LiveFigure, show
@@ -37,6 +38,33 @@ def _fmt(value) -> str:
     return f"{value:.4g}"
 
 
+def _numbers(value, name: str, dims: int) -> list:
+    """``value`` as nested lists of floats with ``dims`` levels, or one sentence saying why not."""
+    what = "a list of lists of numbers" if dims == 2 else "a list of numbers"
+    try:
+        array = np.asarray(value.tolist() if hasattr(value, "tolist") else value, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} should be {what}, not {value!r}.") from None
+    if array.ndim != dims or array.size == 0:
+        raise ValueError(f"{name} should be {what}, but it has shape {list(array.shape)}.")
+    return array.tolist()
+
+
+def _checked(W, b, x, t) -> tuple[list, list, list, list]:
+    """The example as plain lists, each shape fitting ``y = W·x + b`` with target ``t``."""
+    W, b, x, t = (_numbers(v, n, d) for v, n, d in ((W, "W", 2), (b, "b", 1), (x, "x", 1),
+                                                    (t, "t", 1)))  # fmt: skip
+    outputs, inputs = len(W), len(W[0])
+    if len(x) != inputs:
+        raise ValueError(f"W has {inputs} columns but x has {len(x)} numbers: W·x needs one "
+                         "column of W per input.")  # fmt: skip
+    for name, vector in (("b", b), ("t", t)):
+        if len(vector) != outputs:
+            raise ValueError(f"W has {outputs} rows but {name} has {len(vector)} numbers: y, b "
+                             "and t have one number per row of W.")  # fmt: skip
+    return W, b, x, t
+
+
 def step_through(W, b, x, t, lr: float = 0.01) -> list[Stage]:
     """The stages of one SGD iteration on ``y = W·x + b`` with MSE loss.
 
@@ -48,6 +76,9 @@ def step_through(W, b, x, t, lr: float = 0.01) -> list[Stage]:
         Six stages: inputs, forward, loss, backward, update, and the forward after the update.
         Each stage's ``values`` holds every tensor known at that point, ``new`` the ones it added.
     """
+    W, b, x, t = _checked(W, b, x, t)
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
+        raise ValueError(f"lr should be a positive number, not {lr!r}.")
     s = hand_step(W, b, x, t, lr)
     y_new, loss_new = evaluate_linear(s["W_new"], s["b_new"], x, t)
     known = {"x": x, "W": W, "b": b, "t": t}
