@@ -7,7 +7,7 @@ LAB_ARGS ?=
 # Tools that the tests start by name (nbgrader runs `alembic`, the lab test runs `jupyter`).
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup lab check test release release-graded grade bench mutate
+.PHONY: setup lab instructor-lab check test release release-graded grade bench mutate
 
 setup: $(STAMP)
 
@@ -29,6 +29,10 @@ $(STAMP): pyproject.toml constraints.txt
 # The Lab's settings live in forge_course/lab.py, so `make lab` and a pip-only set-up open the same Lab.
 lab: setup
 	$(BIN)/forge-course lab --port $(LAB_PORT) $(LAB_ARGS)
+
+# The instructor's Lab: nbgrader's Formgrader and Create Assignment as well.
+instructor-lab: setup
+	$(BIN)/forge-course lab --instructor --port $(LAB_PORT) $(LAB_ARGS)
 
 # The suite starts hundreds of Pythons (kernels, workers, ranks) that import the course: let
 # them share its compiled bytecode, even where the machine turns writing it off (about 1.7 s

@@ -3,9 +3,11 @@
 `make lab` calls this command, so a clone with `make` and a pip-only set-up (Windows has no
 `make`) open the same Lab: the course index as the first page, the course's folder as Lab's
 root, loopback only, and ``JUPYTER_CONFIG_PATH`` set to ``autograder/``, where nbgrader's Lab
-extensions (Validate, Formgrader) find the course's config and Lab reads ``labconfig`` (no "get
-Jupyter news?" prompt for every new learner). Containers often run as root, which Jupyter
-refuses unless told it is intended, so ``allow_root`` is set there and only there.
+extensions find the course's config and Lab reads ``labconfig`` (no "get Jupyter news?" prompt
+for every new learner). A learner's Lab reads ``autograder/learner/`` first: nbgrader's Validate
+without the instructor's panels, which ``--instructor`` brings back. Containers often run as
+root, which Jupyter refuses unless told it is intended, so ``allow_root`` is set there and only
+there.
 
 What a learner can fix is checked before Jupyter starts, and said in one line without a
 traceback: a Python or a torch older than the package asks for, JupyterLab missing, the
@@ -152,12 +154,16 @@ def jupyter_arguments(course: Path, port: int, open_browser: bool, extra: list[s
     return arguments + extra
 
 
-def jupyter_environment(course: Path) -> dict[str, str]:
+def jupyter_environment(course: Path, instructor: bool = False) -> dict[str, str]:
+    # A learner's Lab reads autograder/learner first: nbgrader's Validate, not the instructor's
+    # panels (the first folder of the path wins where two set the same thing).
+    config = [course / "autograder"] if instructor else [course / "autograder" / "learner",
+                                                          course / "autograder"]  # fmt: skip
     # The venv's scripts first, as activating it would: Lab's terminals and `!pip` use them.
     scripts = sysconfig.get_path("scripts")
     return {
         **os.environ,
-        "JUPYTER_CONFIG_PATH": str(course / "autograder"),
+        "JUPYTER_CONFIG_PATH": os.pathsep.join(str(folder) for folder in config),
         "PATH": os.pathsep.join([scripts, os.environ.get("PATH", "")]),
     }
 
@@ -183,6 +189,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default: %(default)s")
     parser.add_argument(
+        "--instructor",
+        action="store_true",
+        help="nbgrader's instructor tools too (Formgrader, Create Assignment)",
+    )
+    parser.add_argument(
         "--no-browser",
         action="store_true",
         help="do not open a browser (JupyterLab prints the address)",
@@ -200,7 +211,7 @@ def main(argv: list[str], course: Path = COURSE) -> int:
     except CannotStart as problem:
         print(f"forge-course lab: {problem}", file=sys.stderr)
         return 2
-    env = jupyter_environment(course)
+    env = jupyter_environment(course, args.instructor)
     open_browser = not args.no_browser
     if open_browser and not browser_found():
         open_browser = False

@@ -133,4 +133,5 @@ def test_start_becomes_the_command_it_is_given():
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as started:
         pid, config_path = started.communicate(timeout=60)[0].split()
     assert int(pid) == started.pid
-    assert config_path.split(":")[:2] == [str(BINDER), str(REPO / "autograder")]
+    assert config_path.split(":")[:2] == [str(REPO / "autograder" / "learner"),
+                                          str(REPO / "autograder")]  # fmt: skip

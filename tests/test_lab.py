@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -87,7 +88,9 @@ def test_the_lab_gets_the_course_settings(launched):
     assert lab.main(["--no-browser", "--port", str(port), "--LabApp.x=1"]) == 0
     (command, env), = launched  # fmt: skip
     assert command[:3] == [sys.executable, "-m", "jupyterlab"]
-    assert env["JUPYTER_CONFIG_PATH"] == str(REPO / "autograder")
+    assert env["JUPYTER_CONFIG_PATH"] == os.pathsep.join(
+        [str(REPO / "autograder" / "learner"), str(REPO / "autograder")]
+    )
     args = command[3:]
     assert f"--ServerApp.root_dir={REPO}" in args and f"--ServerApp.port={port}" in args
     assert "--LabApp.default_url=/lab/tree/notebooks/index.ipynb" in args
@@ -130,3 +133,24 @@ def test_make_lab_is_forge_course_lab_and_serves_every_chapter(tmp_path):
 def test_off_posix_the_lab_runs_as_a_child_and_its_status_comes_back(monkeypatch):
     monkeypatch.setattr(os, "name", "nt")  # Windows cannot exec: forge-course waits for Jupyter
     assert lab.launch([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ)) == 3
+
+
+PAGE_CONFIG = (
+    "import json; from jupyterlab_server.config import get_static_page_config; "
+    "print(json.dumps(get_static_page_config(level='all').get('disabledExtensions', {})))"
+)
+
+
+@pytest.mark.parametrize("instructor", [False, True], ids=["learner", "instructor"])
+def test_a_learners_lab_validates_and_an_instructors_grades(launched, instructor):
+    """The page config JupyterLab itself reads from the path `forge-course lab` sets."""
+    argv = ["--no-browser", "--port", str(free_port())] + ["--instructor"] * instructor
+    assert lab.main(argv) == 0
+    (_, env), = launched  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", PAGE_CONFIG], env=env, capture_output=True,
+                          text=True, check=True, timeout=120)  # fmt: skip
+    disabled = json.loads(done.stdout)
+    assert disabled.get("@jupyterlab/apputils-extension:announcements"), "the news prompt"
+    assert not disabled.get("@jupyter/nbgrader:validate-assignment"), "everyone validates"
+    for tool in ("create-assignment", "menu", "course-list", "assignment-list"):
+        assert bool(disabled.get(f"@jupyter/nbgrader:{tool}")) is not instructor, tool
