@@ -642,6 +642,28 @@ ch03.check_pad_collate(pad_collate, thorough=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# **PyTorch's own padding.** `torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True,
+# padding_value=0)` builds the same `input_ids` in one call. It builds no mask: the mask comes
+# from the lengths, `arange(L) < lengths[:, None]`, which is also why a real token equal to the
+# pad id stays unmasked. Its `padding_side="left"` (torch 2.6 and later) puts the padding
+# first, which models that generate text after the last real token need.
+
+# %%
+import inspect
+
+from torch.nn.utils.rnn import pad_sequence
+
+sequences = [ids for ids, _ in reviews[:3]]
+padded = pad_sequence(sequences, batch_first=True, padding_value=0)
+lengths = torch.tensor([len(ids) for ids in sequences])
+mask = (torch.arange(padded.shape[1]) < lengths[:, None]).long()
+assert torch.equal(padded, batch["input_ids"]) and torch.equal(mask, batch["attention_mask"])
+print("pad_sequence + a mask from the lengths: the same batch as pad_collate")
+if "padding_side" in inspect.signature(pad_sequence).parameters:
+    left = pad_sequence(sequences, batch_first=True, padding_value=0, padding_side="left")
+    print("padded on the left, 'Love it.':", left[0].tolist())
+
+# %% [markdown]
 # ## Length bucketing: batches of similar lengths
 #
 # A batch is as wide as its longest review, so random batches that mix a 2-token review with
