@@ -380,6 +380,26 @@ for order in orders:
 # * **The loss has a floor.** Every input to `log_softmax` lies in $[0, 1]$, so the right class
 #   can never get a probability near 1, and the loss can never get near zero.
 #
+# **By hand: where $\text{softmax}(z) - \text{one-hot}(y)$ comes from.** For one example with
+# logits $z$ and class $y$, $L = -\log p_y = -z_y + \log \sum_j e^{z_j}$. The derivative of the
+# second term with respect to $z_k$ is $e^{z_k} / \sum_j e^{z_j} = p_k$, and the first term adds
+# $-1$ at $k = y$ only: $\partial L / \partial z_k = p_k - [k = y]$. With $z = [2, 1, 0]$ and
+# $y = 0$, $p = [0.665, 0.245, 0.090]$ and the gradient is $[-0.335, 0.245, 0.090]$. With
+# `reduction="mean"` over a batch of $B$, each row is divided by $B$. The cell below checks this
+# against autograd.
+
+# %%
+logits = torch.tensor([[2.0, 1.0, 0.0], [0.5, -1.0, 3.0]], requires_grad=True)
+classes = torch.tensor([0, 2])
+torch.nn.functional.cross_entropy(logits, classes).backward()  # the mean over 2 examples
+one_hot = torch.nn.functional.one_hot(classes, num_classes=3)
+by_hand = (logits.detach().softmax(dim=1) - one_hot) / len(classes)
+assert torch.allclose(logits.grad, by_hand)
+print("p - one-hot for z = [2, 1, 0], y = 0:",
+      [round(v, 3) for v in (len(classes) * logits.grad[0]).tolist()])  # fmt: skip
+
+# %% [markdown]
+#
 # The next cell trains the same network both ways on points around $K$ centres, for an easy
 # problem ($K = 3$) and a harder one ($K = 10$), and prints the gradient at step 1, the
 # accuracy after 150 steps and the floor.
