@@ -138,28 +138,16 @@ class SegmentsPicture:
                     label="held during backward, at worst")  # fmt: skip
         # The rings start on a measured point, so the axes' limits are those of the data.
         first = rest[0]
+        # The current k, circled on both panels.
+        ring = {"ms": 12, "color": PALETTE["vermillion"], "mfc": "none", "mew": 2.5}
         self.mem_ring = ax_mem.plot(
-            [first.segments] * 2,
-            [first.saved_bytes / kib, first.peak_bytes / kib],
-            "o",
-            ms=12,
-            color=PALETTE["vermillion"],
-            mfc="none",
-            mew=2.5,
+            [first.segments] * 2, [first.saved_bytes / kib, first.peak_bytes / kib], "o", **ring
         )[0]
         ax_mem.set(xlabel="checkpoint segments k", ylabel="activation memory (KiB)")
         ax_time.axhline(plain.ms_per_step, color=PALETTE["grey"], ls="--", label="no checkpointing")
         ax_time.plot(ks, [m.ms_per_step for m in rest], "o-", color=PALETTE["green"],
                      label="with k segments")  # fmt: skip
-        self.time_ring = ax_time.plot(
-            [first.segments],
-            [first.ms_per_step],
-            "o",
-            ms=12,
-            color=PALETTE["vermillion"],
-            mfc="none",
-            mew=2.5,
-        )[0]
+        self.time_ring = ax_time.plot([first.segments], [first.ms_per_step], "o", **ring)[0]
         ax_time.set(xlabel="checkpoint segments k", ylabel="forward + backward (ms, fastest)")
         ax_time.set_ylim(bottom=0)
         ax_time.legend(fontsize=8)
