@@ -87,12 +87,16 @@ def simulate(
     return Timeline(waits, computes, loads, now)
 
 
+LEGEND_IN = 0.35  # inches at the figure's bottom for the legend
+
+
 def draw(timeline: Timeline, title: str = "", fig=None):
     """Lanes of bars: the model (compute in blue, waiting in grey) above each loader lane."""
     lanes = len(timeline.loads)
+    size = (10, 1.4 + LEGEND_IN + 0.45 * lanes)
     if fig is None:
-        fig = plt.figure(figsize=(10, 1.4 + 0.45 * lanes))
-    fig.set_size_inches(10, 1.4 + 0.45 * lanes)  # a kept figure grows and shrinks with the lanes
+        fig = plt.figure(figsize=size)
+    fig.set_size_inches(*size)  # a kept figure grows and shrinks with the lanes
     fig.clear()
     ax = fig.add_subplot()
     ax.broken_barh(timeline.computes, (lanes, 0.8), color=PALETTE["blue"], label="compute")
@@ -106,11 +110,11 @@ def draw(timeline: Timeline, title: str = "", fig=None):
                   names + ["model"])  # fmt: skip
     ax.set_xlim(0, timeline.end_ms * 1.01)
     ax.set_xlabel("time (ms)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if lanes < 3 else -0.2), ncol=3,
-              frameon=False)  # fmt: skip
     ax.set_title(title or f"step {timeline.steady_step_ms:.1f} ms, model idle "
                  f"{timeline.idle_share:.0%} of the time", fontsize=10)  # fmt: skip
-    tight_layout_afresh(fig)
+    # The legend gets a strip of its own at the bottom, below the axis label, whatever the lanes.
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False)
+    tight_layout_afresh(fig, rect=(0, LEGEND_IN / fig.get_figheight(), 1, 1))
     return fig
 
 
