@@ -3,9 +3,9 @@
 For each chapter, in a temporary copy of the course: the solved notebook scores full marks, the
 untouched release scores zero, each wrong answer loses its exercise's points with feedback that
 names the mistake (and only that exercise's points), a differently written correct answer scores
-full marks, and an answer that calls the reference scores nothing. nbgrader grades one submission
-of each kind that no other test grades with nbgrader's own kernel, and `forge-course grade`
-grades them all, and the two agree point for point.
+full marks, and an answer that calls the reference scores nothing. nbgrader grades two
+submissions, the blank one and one that mixes correct answers written differently with typical
+wrong ones, and `forge-course grade` grades them all, and the two agree point for point.
 
 nbgrader runs through its Python API, in this process, with the course's `nbgrader_config.py`:
 the applications its command line would start, without the seconds each command spends
@@ -14,6 +14,7 @@ importing nbgrader. The commands themselves, as the README gives them, run in
 """
 
 import importlib
+from html import unescape
 
 import nbformat
 import pytest
@@ -66,13 +67,15 @@ def _test_outputs(nb):
     return texts
 
 
-# Graded by nbgrader as well as by forge-course grade: one of each kind of submission that no other
-# test grades in nbgrader's kernel. Every notebook nbgrader runs costs seconds, so the other rounds
-# of wrong answers, which the same checks judge, go through forge-course grade alone, and so does
-# the instructor's solution: `tests/test_notebooks.py` runs it with every test cell, hidden tests
-# included, and the "alternative" student (a correct answer in every solution cell) takes
-# nbgrader's whole path to full marks: hidden tests put back, executed, scored, recorded.
-NBGRADER_STUDENTS = ("blank", "alternative", "wrong_1")
+# Graded by nbgrader as well as by forge-course grade: the blank release, and a "mixed" student
+# whose every other solution cell holds a correct answer written differently and the rest a
+# typical wrong answer, so that one notebook takes both of nbgrader's paths: to full marks
+# (hidden tests put back, executed, scored, recorded) and to zero with the mistake named. Every
+# notebook nbgrader runs costs the chapter's whole run time (each chapter's slowest part here),
+# so the other submissions, which the same checks judge, go through forge-course grade alone;
+# the instructor's solution runs with every test cell, hidden tests included, in
+# `tests/test_notebooks.py`.
+NBGRADER_STUDENTS = ("blank", "mixed")
 
 
 # Every chapter's self-study notebook (answer keys in its question cells), and one chapter's
@@ -106,6 +109,16 @@ def test_round_trip(chapter, graded, tmp_path, monkeypatch):
     for k in range(rounds):
         wrong = {c: v[k][0] for c, v in answers.WRONG.items() if len(v) > k}
         students[f"wrong_{k + 1}"] = {**solved, **wrong}
+    # The mixed student: the first wrong answer in every other cell (exercises first, so that
+    # nbgrader always meets a wrong code answer), the alternative elsewhere.
+    mixed_wrong = sorted(answers.WRONG, key=lambda cell: cell.endswith("_questions"))[::2]
+    students["mixed"] = {**students["alternative"],
+                         **{c: answers.WRONG[c][0][0] for c in mixed_wrong}}  # fmt: skip
+    failing_of = {f"wrong_{k + 1}": {} for k in range(rounds)}
+    for options in answers.WRONG.values():
+        for k, (_, fails) in enumerate(options):
+            failing_of[f"wrong_{k + 1}"].update(fails)
+    failing_of["mixed"] = {t: m for c in mixed_wrong for t, m in answers.WRONG[c][0][1].items()}
     for student, replacements in students.items():
         folder = "submitted" if student in NBGRADER_STUDENTS else "forge_only"
         path = root / "grading" / folder / student / chapter / name
@@ -156,12 +169,7 @@ def test_round_trip(chapter, graded, tmp_path, monkeypatch):
         said = verdicts["blank"][f"{cell}_tests"][2]
         if "calls forge_course's reference" not in said:
             problems.append(f"calling the reference is not named: {said}")
-    for k in range(rounds):
-        student = f"wrong_{k + 1}"
-        failing = {}
-        for options in answers.WRONG.values():
-            if len(options) > k:
-                failing.update(options[k][1])
+    for student, failing in failing_of.items():
         for test, (score, top, said) in verdicts[student].items():
             if test not in failing:
                 if score != top:
@@ -171,12 +179,14 @@ def test_round_trip(chapter, graded, tmp_path, monkeypatch):
             elif failing[test] not in said:
                 problems.append(f"{student}: {test} should say {failing[test]!r}; it says {said!r}")
 
-    run = nbgrader.generate_feedback(chapter, "wrong_1", force=True)
+    run = nbgrader.generate_feedback(chapter, "mixed", force=True)
     assert run["success"], run.get("log", "") + run.get("error", "")
-    html = (root / "grading" / "feedback" / "wrong_1" / chapter / f"{chapter}.html").read_text()
+    html = (root / "grading" / "feedback" / "mixed" / chapter / f"{chapter}.html").read_text()
     for secret in ("thorough=True", "BEGIN HIDDEN TESTS"):
         if secret in html:
             problems.append(f"the feedback shows hidden test code ({secret!r})")
-    if "Likely mistake" not in html:
-        problems.append("the feedback does not carry the checks' messages")
+    shown = unescape(html)
+    for test, message in failing_of["mixed"].items():
+        if message not in shown:
+            problems.append(f"the feedback does not say what {test} found: {message!r}")
     assert not problems, "\n".join(problems)

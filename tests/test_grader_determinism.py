@@ -2,9 +2,12 @@
 
 One class holds every chapter: two copies of each chapter's instructor solution and one typical
 wrong answer, so each run mixes right and wrong answers of every chapter, graded side by side.
-It is graded with one job, two and four; the third time the students' folders are renamed so
-that they are graded in another order, beside other neighbours.
+It is graded with one job, then with four after the students' folders are renamed, so that
+they are graded in another order, beside other neighbours, on more jobs than the machine has
+cores; the grades and the CSV (names mapped back) must be the same.
 """
+
+import csv
 
 import pytest
 
@@ -36,10 +39,6 @@ def _grade(folder, grading, jobs):
 def test_the_same_class_gets_the_same_grades_with_any_number_of_jobs_in_any_order(tmp_path):
     _class(tmp_path)
     one = _grade(tmp_path / "submitted", tmp_path / "jobs1", 1)
-    two = _grade(tmp_path / "submitted", tmp_path / "jobs2", 2)
-    assert one == two
-    csv = [(tmp_path / f"jobs{jobs}" / "grades.csv").read_text() for jobs in (1, 2)]
-    assert csv[0] == csv[1]
 
     # Renamed into the reverse order: the students meet other neighbours, on four jobs.
     renamed = {f"{i}_{name}": name for i, name in enumerate(reversed(STUDENTS))}
@@ -47,6 +46,15 @@ def test_the_same_class_gets_the_same_grades_with_any_number_of_jobs_in_any_orde
         (tmp_path / "submitted" / old).rename(tmp_path / "submitted" / new)
     four = _grade(tmp_path / "submitted", tmp_path / "jobs4", 4)
     assert {(renamed[student], chapter): r for (student, chapter), r in four.items()} == one
+
+    rows = {}
+    for jobs in (1, 4):
+        with open(tmp_path / f"jobs{jobs}" / "grades.csv", newline="") as f:
+            rows[jobs] = sorted(
+                tuple({**row, "student": renamed.get(row["student"], row["student"])}.values())
+                for row in csv.DictReader(f)
+            )
+    assert rows[1] == rows[4]
 
     for (student, chapter), results in one.items():
         statuses = [r["status"] for r in results.values()]
