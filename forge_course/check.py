@@ -37,7 +37,8 @@ def execute(
     """Run every cell of the notebook at ``path`` (``repeat`` times in one kernel); return it run.
 
     Errors do not stop the run: every test cell gets its own verdict. ``repeat=2`` checks that a
-    notebook runs again top to bottom without a kernel restart.
+    notebook runs again top to bottom without a kernel restart: each cell ends with the outputs
+    of the last pass, after the errors it raised in any earlier pass.
     """
     import os
 
@@ -53,10 +54,15 @@ def execute(
     )
     # With thorough, the kernel runs every check with the grader's cases.
     env = {**os.environ, THOROUGH: "1"} if thorough else None
+    earlier: dict[int, list] = {}
     with client.setup_kernel(**({"env": env} if env else {})):
-        for _ in range(repeat):
+        for last in [False] * (repeat - 1) + [True]:
             for index, cell in enumerate(nb.cells):
                 client.execute_cell(cell, index)
+                if not last and errors(cell):
+                    earlier.setdefault(index, []).extend(errors(cell))
+    for index, raised in earlier.items():
+        nb.cells[index].outputs[:0] = raised
     return nb
 
 

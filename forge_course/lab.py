@@ -201,6 +201,27 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
+def trust_unrun_notebooks(course: Path) -> None:
+    """Sign the course's notebooks that hold no output, as ``jupyter trust`` would.
+
+    Jupyter shows a notebook's outputs as they are only where this user signed it. A chapter as
+    released has no output to distrust, yet unsigned, Lab marks it "not trusted" in its status
+    bar and the server logs a warning for each one opened. A notebook with outputs (a learner's
+    own work: Jupyter signs what it saves from Lab) is left as it is.
+    """
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    notary = NotebookNotary()
+    try:
+        for path in sorted((course / "notebooks").rglob("*.ipynb")):
+            nb = nbformat.read(path, as_version=4)
+            if not any(cell.get("outputs") for cell in nb.cells):
+                notary.sign(nb)
+    finally:
+        notary.store.close()
+
+
 def main(argv: list[str], course: Path = COURSE) -> int:
     args, extra = parse(argv)
     try:
@@ -212,6 +233,7 @@ def main(argv: list[str], course: Path = COURSE) -> int:
         print(f"forge-course lab: {problem}", file=sys.stderr)
         return 2
     env = jupyter_environment(course, args.instructor)
+    trust_unrun_notebooks(course)
     open_browser = not args.no_browser
     if open_browser and not browser_found():
         open_browser = False

@@ -3,9 +3,9 @@
 For each chapter, in a temporary copy of the course: the solved notebook scores full marks, the
 untouched release scores zero, each wrong answer loses its exercise's points with feedback that
 names the mistake (and only that exercise's points), a differently written correct answer scores
-full marks, and an answer that calls the reference scores nothing. nbgrader grades two
-submissions, the blank one and one that mixes correct answers written differently with typical
-wrong ones, and `forge-course grade` grades them all, and the two agree point for point.
+full marks, and an answer that calls the reference scores nothing. nbgrader grades one
+submission that mixes these kinds (`_mixed`), `forge-course grade` grades them all, and the two
+agree point for point.
 
 nbgrader runs through its Python API, in this process, with the course's `nbgrader_config.py`:
 the applications its command line would start, without the seconds each command spends
@@ -67,15 +67,35 @@ def _test_outputs(nb):
     return texts
 
 
-# Graded by nbgrader as well as by forge-course grade: the blank release, and a "mixed" student
-# whose every other solution cell holds a correct answer written differently and the rest a
-# typical wrong answer, so that one notebook takes both of nbgrader's paths: to full marks
-# (hidden tests put back, executed, scored, recorded) and to zero with the mistake named. Every
-# notebook nbgrader runs costs the chapter's whole run time (each chapter's slowest part here),
-# so the other submissions, which the same checks judge, go through forge-course grade alone;
-# the instructor's solution runs with every test cell, hidden tests included, in
+# Graded by nbgrader as well as by forge-course grade: one "mixed" student per chapter, whose
+# answer cells take turns (exercises first): a typical wrong answer, a call of the reference, a
+# correct answer written differently. So one notebook takes each of nbgrader's paths: to zero
+# with the mistake named, to zero for calling the reference, and to full marks (hidden tests put
+# back, executed, scored, recorded). Every notebook nbgrader runs costs the chapter's whole run
+# time (each chapter's slowest part here), so the other submissions, which the same checks
+# judge, go through forge-course grade alone, and each grade of the mixed student must agree.
+# The instructor's solution runs with every test cell, hidden tests included, in
 # `tests/test_notebooks.py`.
-NBGRADER_STUDENTS = ("blank", "mixed")
+NBGRADER_STUDENTS = ("mixed",)
+ROLES = ("wrong", "reference", "alternative")
+CALLS_REFERENCE = "calls forge_course's reference"
+
+
+def _mixed(answers, alternative: dict) -> tuple[dict, dict]:
+    """The mixed student's cells, and each test it must fail with what the failure must say."""
+    cells, failing = dict(alternative), {}
+    order = sorted(answers.WRONG, key=lambda cell: cell.endswith("_questions"))
+    for i, cell in enumerate(order):
+        role = ROLES[i % len(ROLES)]
+        if role == "reference" and cell not in answers.REFERENCE_CALLER:
+            role = "wrong"
+        if role == "wrong":
+            cells[cell], fails = answers.WRONG[cell][0]
+            failing.update(fails)
+        elif role == "reference":
+            cells[cell] = answers.REFERENCE_CALLER[cell]
+            failing[f"{cell}_tests"] = CALLS_REFERENCE
+    return cells, failing
 
 
 # Every chapter's self-study notebook (answer keys in its question cells), and one chapter's
@@ -109,16 +129,12 @@ def test_round_trip(chapter, graded, tmp_path, monkeypatch):
     for k in range(rounds):
         wrong = {c: v[k][0] for c, v in answers.WRONG.items() if len(v) > k}
         students[f"wrong_{k + 1}"] = {**solved, **wrong}
-    # The mixed student: the first wrong answer in every other cell (exercises first, so that
-    # nbgrader always meets a wrong code answer), the alternative elsewhere.
-    mixed_wrong = sorted(answers.WRONG, key=lambda cell: cell.endswith("_questions"))[::2]
-    students["mixed"] = {**students["alternative"],
-                         **{c: answers.WRONG[c][0][0] for c in mixed_wrong}}  # fmt: skip
+    students["mixed"], mixed_failing = _mixed(answers, students["alternative"])
     failing_of = {f"wrong_{k + 1}": {} for k in range(rounds)}
     for options in answers.WRONG.values():
         for k, (_, fails) in enumerate(options):
             failing_of[f"wrong_{k + 1}"].update(fails)
-    failing_of["mixed"] = {t: m for c in mixed_wrong for t, m in answers.WRONG[c][0][1].items()}
+    failing_of["mixed"] = mixed_failing
     for student, replacements in students.items():
         folder = "submitted" if student in NBGRADER_STUDENTS else "forge_only"
         path = root / "grading" / folder / student / chapter / name
@@ -165,9 +181,9 @@ def test_round_trip(chapter, graded, tmp_path, monkeypatch):
     for test, (score, top, said) in verdicts["alternative"].items():
         if score != top:
             problems.append(f"a correct alternative fails {test}: {said}")
-    for cell in answers.REFERENCE_CALLER:
+    for cell in answers.REFERENCE_CALLER:  # forge-course grade refuses the import itself
         said = verdicts["blank"][f"{cell}_tests"][2]
-        if "calls forge_course's reference" not in said:
+        if "imports forge_course, where the references" not in said:
             problems.append(f"calling the reference is not named: {said}")
     for student, failing in failing_of.items():
         for test, (score, top, said) in verdicts[student].items():

@@ -82,6 +82,11 @@ def _open_and_run_all(page, base: str, path: str) -> None:
     except Exception:  # noqa: BLE001  (no dialog: the kernel started by itself)
         pass
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    # A chapter opened as released: trusted (signed by `forge-course lab`), and unchanged.
+    trust = page.locator(".jp-StatusItem-trust").first.get_attribute("title") or ""
+    assert trust.startswith("Notebook trusted"), f"the status bar says: {trust!r}"
+    dirty = page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty").count()
+    assert not dirty, "the chapter is marked modified as soon as it opens"
     page.locator(".lm-MenuBar-item", has_text="Run").first.click(timeout=10_000)
     page.click("li.lm-Menu-item[data-command='runmenu:run-all']", timeout=10_000)
     page.wait_for_function(ALL_RAN, timeout=240_000)
@@ -135,6 +140,8 @@ def test_chapter_runs_in_jupyterlab_with_live_widgets(browser_page, chapter):
             e for e in errors if "Error" in e and not any(x in e for x in EXPECTED_ERRORS)
         ]
         assert not unexpected, f"unexpected errors: {unexpected[:1]}"
+        warned = [e for e in errors if "Warning" in e]
+        assert not warned, f"a warning the learner must read past: {warned[:1]}"
 
         assert _a_slider_changes_the_picture(page), "no slider changed the simulation's picture"
     finally:

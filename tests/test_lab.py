@@ -12,7 +12,9 @@ import socket
 import subprocess
 import sys
 
+import nbformat
 import pytest
+from nbformat.sign import NotebookNotary
 
 from forge_course import cli, lab
 from tests.conftest import CHAPTERS, REPO
@@ -76,8 +78,9 @@ def test_missing_jupyterlab_or_notebooks_say_what_to_do(tmp_path, monkeypatch, c
 
 
 @pytest.fixture
-def launched(monkeypatch):
-    """What `lab.main` would start, instead of starting it."""
+def launched(monkeypatch, tmp_path):
+    """What `lab.main` would start, instead of starting it (signatures kept in ``tmp_path``)."""
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path))
     calls = []
     monkeypatch.setattr(lab, "launch", lambda command, env: calls.append((command, env)) or 0)
     return calls
@@ -154,3 +157,21 @@ def test_a_learners_lab_validates_and_an_instructors_grades(launched, instructor
     assert not disabled.get("@jupyter/nbgrader:validate-assignment"), "everyone validates"
     for tool in ("create-assignment", "menu", "course-list", "assignment-list"):
         assert bool(disabled.get(f"@jupyter/nbgrader:{tool}")) is not instructor, tool
+
+
+def test_chapters_as_released_are_trusted_and_notebooks_with_outputs_are_left_alone(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    folder = tmp_path / "course" / "notebooks" / "ch00"
+    folder.mkdir(parents=True)
+    code = nbformat.v4.new_code_cell("print('hi')")
+    released = nbformat.v4.new_notebook(cells=[code])
+    html = nbformat.v4.new_output("display_data", data={"text/html": "<script>run()</script>"})
+    ran = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("show()", outputs=[html])])
+    nbformat.write(released, folder / "released.ipynb")
+    nbformat.write(ran, folder / "from_elsewhere.ipynb")
+    lab.trust_unrun_notebooks(tmp_path / "course")
+    with NotebookNotary() as notary:
+        assert notary.check_signature(released)
+        assert not notary.check_signature(ran)
