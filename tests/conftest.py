@@ -40,31 +40,29 @@ def add_cells(path: Path, first: str | None = None, last: str | None = None) -> 
 
 # What each slow test cost (seconds, from `--durations` on two idle cores: the last full run's
 # 30 slowest, 2026-11-26, and earlier runs for the rest): a file's entry is for each of its tests,
-# a longer entry is for the tests it names and wins over the file's. The round trips have cost
-# about a quarter less since (nbgrader runs in the test's process); their order is unchanged.
+# a longer entry is for the tests it names and wins over the file's. Since, nbgrader grades one
+# notebook per round trip (it was three), the notebook runs' second pass forks and the
+# determinism test grades twice (it was three times): those entries were measured again on
+# 2026-11-26 at load 6, so they overstate, each in about the same proportion.
 # xdist's `worksteal` hands the first half of the list to one worker and the second half to the
 # other, and an idle worker steals from the end of the other's queue. So the slow tests are dealt
 # into the two halves, longest first, each to the half with less work so far; the quick ones come
 # last, where stealing evens them out.
 COSTS = {
     "test_notebooks.py::test_solution_notebook_runs_twice_cleanly": 40,  # under 56 s but these:
-    "test_notebooks.py::test_solution_notebook_runs_twice_cleanly[ch02": 305,  # spawns workers
+    "test_notebooks.py::test_solution_notebook_runs_twice_cleanly[ch02": 182,  # spawns workers
     "test_notebooks.py::test_solution_notebook_runs_twice_cleanly[ch09": 67,
     "test_notebooks.py::test_solution_notebook_runs_twice_cleanly[ch10": 75,
     "test_notebooks.py::test_solution_notebook_runs_twice_cleanly[ch11": 78,
-    "test_autograde.py": 80,  # ch00, ch01, ch03, ch05, ch06: 72-86
-    "test_autograde.py::test_round_trip[ch02": 114,
-    "test_autograde.py::test_round_trip[ch04": 120,
-    "test_autograde.py::test_round_trip[ch07": 122,
-    "test_autograde.py::test_round_trip[ch08": 184,
-    "test_autograde.py::test_round_trip[ch09": 140,
-    "test_autograde.py::test_round_trip[ch10": 263,
-    "test_autograde.py::test_round_trip[ch11": 195,
-    "test_autograde.py::test_round_trip[ch12": 157,
-    "test_autograde.py::test_round_trip[ch13": 118,  # at load 2-3, 2026-11-26
-    "test_grader_determinism.py": 282,
+    "test_autograde.py": 50,  # 37-56 s but these:
+    "test_autograde.py::test_round_trip[ch00": 70,
+    "test_autograde.py::test_round_trip[ch07": 70,
+    "test_autograde.py::test_round_trip[ch10": 82,
+    "test_autograde.py::test_round_trip[ch11": 118,
+    "test_autograde.py::test_round_trip[ch12": 70,
+    "test_grader_determinism.py": 395,
     "test_nbgrader_workflow.py": 178,
-    "test_browser.py": 60,  # 14 tests, the first setting up a pip-only venv (116 s)
+    "test_browser.py": 60,  # 16 tests, the first setting up a pip-only venv (116-208 s)
     "test_colab_runtime.py": 40,  # 13 chapters at 20-45 s, the first building a venv (102 s)
     "test_grader_cluster.py::test_a_cluster_gives_the_grades_of_a_local_run": 97,
     "test_grader_class.py::test_a_class_of_40": 75,
