@@ -81,7 +81,8 @@ def labels_key(grade_id: str, correct: dict[str, str], hints: dict | None = None
     one digest per item, salted with the item's name too."""
     return {
         "right": {
-            item: digest(f"{grade_id}:{item}", normal_choice(code)) for item, code in correct.items()
+            item: digest(f"{grade_id}:{item}", normal_choice(code))
+            for item, code in correct.items()
         },
         "hints": dict(hints or {}),
     }

@@ -23,8 +23,7 @@ from collections import Counter
 import torch
 from torch.utils.data import DistributedSampler
 
-from forge_course.grading.core import Exercise, Mistake, grading_seed
-from forge_course.observe.common import Tampered
+from forge_course.grading.core import Exercise, grading_seed
 from forge_course.observe.ch03 import (
     BAR_HELD,
     BAR_KEY,
@@ -38,6 +37,7 @@ from forge_course.observe.ch03 import (
     observe_pad_collate,
     observe_shard_indices,
 )
+from forge_course.observe.common import Tampered
 from forge_course.reference import sampling as ref
 
 # The oracle iterates torch's DistributedSampler, which the learner half bars while it observes

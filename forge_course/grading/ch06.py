@@ -22,8 +22,7 @@ from contextlib import contextmanager
 import torch
 
 from forge_course.device import available_devices
-from forge_course.grading.core import Exercise, Mistake, grading_seed
-from forge_course.observe.common import Tampered
+from forge_course.grading.core import Exercise, grading_seed
 from forge_course.observe.ch06 import (
     EVALUATE,
     INSTRUMENTS,
@@ -34,6 +33,7 @@ from forge_course.observe.ch06 import (
     observe_evaluate,
     observe_predict,
 )
+from forge_course.observe.common import Tampered
 from forge_course.reference import evaluation as ref
 
 # ---------------------------------------------------------------- what the known mistakes share
@@ -335,7 +335,7 @@ EVALUATE_MISTAKES = [
         "every target counts once in the mean; with class weights a batch's mean divides its "
         "sum by the total `weight[t]` of its targets, and with `ignore_index` it leaves the "
         "ignored ones out (a batch of nothing but ignored targets has a mean of nan). Add the "
-        "`reduction=\"sum\"` losses (from a copy of `loss_fn`) and what each batch divides by, "
+        '`reduction="sum"` losses (from a copy of `loss_fn`) and what each batch divides by, '
         "and divide once at the end.",
         _evaluate_by_batch_size,
     ),
@@ -403,6 +403,7 @@ EVALUATE_MISTAKES = [
         _evaluate_targets_stay,
     ),
 ]
+
 
 def _evaluate_raised(message: str, case: dict) -> str:
     if "index -100 is out of bounds" not in message:

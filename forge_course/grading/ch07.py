@@ -171,6 +171,7 @@ GRAD_NORM_MISTAKES = [
     ),
 ]
 
+
 def _grad_norm_raised(message: str, case: dict) -> str:
     """The kind of model's own hint, for an answer that raised on it."""
     return GRAD_MODEL_HINTS.get(case["model"], "") if "` raised " in message else ""
@@ -312,6 +313,7 @@ LEAK_MISTAKES = [
         _returns_bool,
     ),
 ]
+
 
 def _leak_check_raised(message: str, case: dict) -> str:
     if "` raised RecursionError" not in message:

@@ -409,6 +409,7 @@ FIT_MISTAKES = [
     ),
 ]
 
+
 def _first_wrong_key(observed, want) -> str | None:
     if not (isinstance(observed, dict) and isinstance(want, dict)):
         return None
