@@ -420,8 +420,8 @@ two_paths.backward()
 torch.testing.assert_close(walked[v], v.grad)
 torch.testing.assert_close(walked[s], s.grad)
 assert not left_over
-print(f"h = v·s on two paths: walked d/dv {walked[v].tolist()}")
-print(f"{'':30}backward() d/dv {v.grad.tolist()}")
+print(f"h = v·s on two paths: walked     d/dv = {[round(g, 4) for g in walked[v].tolist()]}")
+print(f"{'':21}backward() d/dv = {[round(g, 4) for g in v.grad.tolist()]}")
 
 # %% [markdown]
 # PyTorch's engine gets the same guarantee without a search: before it runs anything, it
