@@ -15,7 +15,9 @@
 #    and which worker builds each one;
 # 3. decide from a measurement, not a rule of thumb, whether `num_workers > 0` helps, and say
 #    what `persistent_workers`, `prefetch_factor` and `pin_memory` change;
-# 4. give every worker its own reproducible random stream with a `worker_init_fn`.
+# 4. give every worker its own reproducible random stream with a `worker_init_fn`;
+# 5. measure why a dataset held as many Python objects grows in every forked worker, and
+#    store it so that it does not.
 
 # %%
 # Settings for this chapter: change them and run the notebook again.
@@ -27,6 +29,7 @@ TIMING_ROWS = 4096  # rows of the in-memory dataset that is timed
 ITEM_DELAY = 0.004  # seconds of simulated work per item (a disk read, a decode)
 DELAYED_ROWS = 160  # rows of the slow dataset: 160 × 4 ms = 0.64 s of work per epoch
 TIMING_EPOCHS = 2  # epochs timed per loader; the first one includes starting the workers
+COW_PATHS = 200_000  # file paths in the copy-on-read demo: 80 bytes each as Python str
 
 import csv
 import random
@@ -558,6 +561,91 @@ else:
     print(f"No CUDA device here ({device.type}): there is no pinned copy to measure.")
 
 # %% [markdown]
+# ## Workers and memory: copy-on-read
+#
+# On Linux a worker starts by **fork**: it gets the main process's memory *shared*, page by
+# page (4 KiB each), and a page is copied only when one of the two processes writes to it
+# (copy-on-write). A dataset that workers only read should then cost no memory per worker.
+# For one NumPy array or one tensor that holds: reading `array[i]` writes nothing to the
+# array's pages. For a list of Python objects it does not. Every Python object carries a
+# reference count, and `path = self.paths[i]` adds 1 to it: a *write*, to the page the object
+# lives on. So each object a worker reads costs it a private copy of that object's page. Over
+# an epoch a worker touches objects all over the list and ends up copying nearly all of them:
+# memory that grows as it reads, once per worker. This is why a DataLoader over a long list
+# of file names or records can look as if it leaks: nothing leaks, every worker copies.
+#
+# **Hand calculation.** `COW_PATHS` = 200,000 paths like `images/000123.jpg` (17 characters).
+# `sys.getsizeof` says 66 bytes each (49 bytes of header and 17 of text), and Python's
+# allocator keeps small objects in slots rounded up to a multiple of 16 bytes, so each
+# takes 80: $200{,}000 \times 80 = 16{,}000{,}000$ bytes $= 15.3$ MiB, about 51 strings per
+# page. With `shuffle=True` each of 2 workers reads a random half of the strings, and a page
+# is spared only if a worker reads none of its 51: a chance of $2^{-51}$. So **each** worker
+# should copy about 15.3 MiB. The same paths in one NumPy array of bytes (`dtype='S17'`, 17
+# bytes each, 3.4 MB in one block) are a single object whose pages nobody writes: about 0.
+#
+# The measurement, from `forge_course/reference/copy_on_read.py`: a dataset whose item is the
+# length of a path, and a loader whose workers report their **private memory** (the pages no
+# other process maps, `Private_Clean + Private_Dirty` in `/proc/<pid>/smaps_rollup`; tools
+# call it USS) as they start and after each batch:
+#
+# ```python
+# class PathLengths(Dataset):
+#     def __getitem__(self, index):
+#         return len(self.paths[index])  # reading paths[index] adds 1 to its reference count
+#
+# DataLoader(PathLengths(paths), batch_size=4096, shuffle=True, num_workers=2,
+#            worker_init_fn=_note_start,      # in the worker: private_mib() as it starts
+#            collate_fn=_report_growth,       # in the worker: (its id, private_mib() - start)
+#            multiprocessing_context="fork")  # the effect belongs to fork: ask for it by name
+# ```
+#
+# The loader asks for fork by name because a notebook may run with spawn as its default
+# (macOS, Windows, and this course's tests). And the cell runs it all in a fresh Python
+# process, which builds the paths and forks the workers: a forked worker starts as large as
+# the process it is forked from, and this kernel is a few hundred MB already. Only Linux has
+# both fork and `/proc`; elsewhere the cell explains instead of measuring.
+
+# %%
+from forge_course.reference import copy_on_read
+
+if copy_on_read.measurable():
+    measured = copy_on_read.compare_in_fresh_process(COW_PATHS, NUM_WORKERS, seed=SEED)
+    slot = measured["slot"]
+    by_hand = COW_PATHS * slot / 2**20
+    print(f"by hand: each worker copies {COW_PATHS:,} × {slot} B = {by_hand:.1f} MiB of str")
+    for name in ("list of str", "one NumPy array"):
+        grown = ", ".join(f"worker {w} {mib:+.1f} MiB" for w, mib in sorted(measured[name].items()))
+        print(f"{name:15}: {grown}")
+    assert all(0.85 * by_hand < mib < 1.3 * by_hand for mib in measured["list of str"].values())
+    assert all(abs(mib) < 0.2 * by_hand for mib in measured["one NumPy array"].values())
+else:
+    print(
+        "Not measured here: this needs workers started by fork and Linux's /proc.\n"
+        "On macOS and Windows workers start by spawn: each one receives the dataset pickled,\n"
+        "so a list of str is rebuilt, object by object, in every worker as it starts (its\n"
+        "whole size at once, instead of growing towards it). A NumPy array is copied whole\n"
+        "into each worker too; a tensor travels through shared memory, stored once."
+    )
+
+# %% [markdown]
+# Both workers copied about the hand's 15.3 MiB (a little more: the worker's own bookkeeping
+# while it builds batches); with the array they barely moved, a MiB or so either way: the
+# worker's own allocations coming and going. Scale it up: ten million such paths held as
+# `str` are about 800 MB, and 8 workers copy nearly all of it each, on top of the main
+# process's copy, during the first epoch.
+#
+# **The fix** is to keep what workers read out of Python objects: store the data in a few
+# NumPy arrays or tensors (fixed-width bytes as above, or all the strings' bytes in one
+# `uint8` array plus an array of where each one starts), and make a Python object only for
+# the item you return. With spawn (macOS, Windows) the workers get the dataset pickled
+# instead, so a list and a NumPy array are both copied whole into every worker as it starts,
+# while a tensor is sent through shared memory and stored once for all of them.
+#
+# *Try it:* predict each worker's growth with `shuffle=False`, then run
+# `copy_on_read.compare_in_fresh_process(COW_PATHS, shuffle=False)`. (Each worker then reads
+# every other batch of 4,096 consecutive paths: how many of the pages does it touch?)
+
+# %% [markdown]
 # ## Randomness in workers
 #
 # Random augmentation (crop a window, drop a word, flip an image) happens in `__getitem__`, so
@@ -853,7 +941,8 @@ check_choice(
 #     def __init__(self, path, vocabulary):
 #         with open(path, newline="", encoding="utf-8") as f:   # csv module: quotes, commas, line
 #             rows = list(csv.DictReader(f))                     # breaks; closed again: nothing kept
-#         ...
+#         ...                              # many items? a few NumPy arrays or tensors, not a list of
+#                                          # objects: forked workers copy every object they read
 #     def __len__(self): ...               # without it: no sampler, no len(loader)
 #     def __getitem__(self, i): ...        # IndexError past the end, or `for x in dataset` never ends
 #
@@ -879,6 +968,9 @@ check_choice(
 #   the epoch.
 # * Workers take over `__getitem__` and `collate_fn`; they cost start-up and transfer time, so
 #   in-memory data rarely needs them. Measure an epoch of the loader alone before choosing.
+# * A forked worker shares the dataset's pages until it writes to one, and reading a Python
+#   object writes its reference count: over an epoch each worker copies nearly every object
+#   of a list (15.3 MiB per worker for 200,000 paths as `str`), and none of one NumPy array.
 # * Each worker copies the dataset, generators included: reseed generators the dataset owns in a
 #   `worker_init_fn`, from `get_worker_info().seed`. It runs each time workers start: every
 #   epoch, or once for the loader's life with `persistent_workers=True`.

@@ -1,0 +1,65 @@
+"""Chapter 02's copy-on-read measurement, against Python's object sizes and real forked workers."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from forge_course.reference import copy_on_read
+
+PATH = "images/000123.jpg"  # the shape of every path the measurement builds
+N_PATHS = 200_000
+BY_HAND_MIB = N_PATHS * 80 / 2**20  # 80-byte slots: 15.3 MiB of str objects
+
+linux_only = pytest.mark.skipif(
+    not copy_on_read.measurable(), reason="needs workers started by fork and /proc (Linux)"
+)
+
+
+def test_path_lengths_reads_a_list_and_an_array_alike():
+    paths = ["a", "bbb", PATH]
+    for held in (paths, np.array(paths, dtype=np.bytes_)):
+        dataset = copy_on_read.PathLengths(held)
+        assert len(dataset) == 3
+        assert [dataset[i] for i in range(3)] == [1, 3, 17]
+
+
+def test_a_str_takes_its_size_rounded_up_to_16_bytes():
+    assert sys.getsizeof(PATH) == 66
+    assert copy_on_read.str_slot_bytes(PATH) == 80
+    for n in range(40):
+        text = "x" * n
+        slot = copy_on_read.str_slot_bytes(text)
+        assert slot % 16 == 0 and 0 <= slot - sys.getsizeof(text) < 16
+
+
+@linux_only
+def test_private_memory_counts_pages_written_here():
+    before = copy_on_read.private_mib()
+    written = bytearray(b"x") * (8 * 2**20)  # 8 MiB, every byte written
+    grown = copy_on_read.private_mib() - before
+    assert 7.5 < grown < 10, f"8 MiB written, private memory grew by {grown:.1f} MiB"
+    del written
+
+
+@linux_only
+@pytest.mark.parametrize("shuffle,share", [(True, 1.0), (False, 0.5)])
+def test_forked_workers_copy_the_str_they_read_and_none_of_an_array(shuffle, share):
+    # Shuffled, each worker reads about 25 of every page's 51 strings: it copies every page.
+    # In order, it reads every other batch of 4,096 consecutive strings: half the pages.
+    measured = copy_on_read.compare(N_PATHS, num_workers=2, shuffle=shuffle)
+    assert measured["slot"] == 80
+    expected = share * BY_HAND_MIB
+    for worker, grown in measured["list of str"].items():
+        assert 0.85 * expected < grown < 1.3 * expected, (worker, grown, expected)
+    for worker, grown in measured["one NumPy array"].items():
+        assert abs(grown) < 0.2 * BY_HAND_MIB, (worker, grown)
+
+
+@linux_only
+@pytest.mark.slow
+def test_a_fresh_process_measures_the_same():
+    measured = copy_on_read.compare_in_fresh_process(N_PATHS // 2, num_workers=2)
+    assert sorted(measured["list of str"]) == [0, 1]
+    for grown in measured["list of str"].values():
+        assert 0.85 * BY_HAND_MIB / 2 < grown < 1.3 * BY_HAND_MIB / 2
