@@ -5,7 +5,7 @@ Exercises:
     ch05_activation_recorder: ``record_activations(model, x, layer_names) -> dict``.
     ch05_to_device: ``to_device(batch, device)`` for nested batches.
 Questions:
-    ch05_q_param_count, ch05_q_to_semantics, ch05_q_strict_false.
+    ch05_q_param_count, ch05_q_to_semantics, ch05_q_strict_false, ch05_q_tied_count.
 
 The learner half (what builds the inputs and calls the answer) is `forge_course.observe.ch05`.
 Every check can move things to the ``meta`` device: it holds shapes and dtypes but no data, so

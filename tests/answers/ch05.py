@@ -220,19 +220,21 @@ WRONG = {
     ],
     "ch05_questions": [
         (
-            "param_count = 88\nto_answer = 'a'\nstrict_answer = 'a'\n",
+            "param_count = 88\nto_answer = 'a'\nstrict_answer = 'a'\ntied_count = 3300\n",
             {
                 "ch05_q_param_count": "are buffers: in state_dict()",
                 "ch05_q_to_semantics": "does not change x",
                 "ch05_q_strict_false": "strict=True, does",
+                "ch05_q_tied_count": "parameters() lists it once",
             },
         ),
         (
-            "param_count = 67\nto_answer = 'c'\nstrict_answer = 'c'\n",
+            "param_count = 67\nto_answer = 'c'\nstrict_answer = 'c'\ntied_count = 1600\n",
             {
                 "ch05_q_param_count": "has parameters too",
                 "ch05_q_to_semantics": "works in place",
                 "ch05_q_strict_false": "never invents any",
+                "ch05_q_tied_count": "has a bias unless bias=False",
             },
         ),
     ],
@@ -243,7 +245,9 @@ ALTERNATIVE = {
     "ch05_repair_model": REPAIR_APPEND_LOOP,
     "ch05_activation_recorder": RECORDER_EXIT_STACK,
     "ch05_to_device": TO_DEVICE_LOOPS,
-    "ch05_questions": "param_count = 77.0\nto_answer = ' B '\nstrict_answer = 'B'\n",
+    "ch05_questions": (
+        "param_count = 77.0\nto_answer = ' B '\nstrict_answer = 'B'\ntied_count = 1700.0\n"
+    ),
 }
 
 # Answers that call the reference instead of answering: no marks.
