@@ -35,8 +35,8 @@ LR = 0.3  # learning rate of those steps
 RECORD_BATCH = 512  # examples in the activation-recording example
 TIMING_REPEATS = 100  # the explorer's latency is the median of this many calls
 DEPTH = 10  # Linear + ReLU layers in the initialisation experiment
-WIDTH = 256  # inputs and outputs of each of those layers
-DEEP_BATCH = 512  # examples sent through that stack
+WIDTH = 128  # inputs and outputs of each of those layers
+DEEP_BATCH = 256  # examples sent through that stack
 VOCAB, DIM = 10, 4  # the tied-weights example: a vocabulary of 10 tokens, vectors of 4 values
 
 import copy
@@ -373,7 +373,7 @@ print(f"loss after {STEPS} steps: {broken_losses[-1]:.4f} (broken), {repaired_lo
 # the same numbers by hand from the same seed: the weight first, then the bias.
 
 # %%
-fan_in, fan_out = WIDTH, WIDTH // 2
+fan_in, fan_out = 256, 128
 gain = nn.init.calculate_gain("leaky_relu", math.sqrt(5))
 weight_bound = math.sqrt(3) * gain / math.sqrt(fan_in)  # what kaiming_uniform_ computes
 bias_bound = 1 / math.sqrt(fan_in)  # what Linear.reset_parameters computes for the bias
@@ -448,17 +448,20 @@ assert all(torch.count_nonzero(layer.bias) == 0 for layer in [*model.hidden, mod
 # $$q_{l+1} = \tfrac{1}{2}\left(\text{fan\_in} \cdot \text{Var}(w) \cdot q_l
 # + \text{Var}(b)\right), \qquad q_0 = 1.$$
 #
-# With fan_in = 256 and `DEPTH` = 10 layers, for three ways to start:
+# With `WIDTH` = 128 inputs per layer and `DEPTH` = 10 layers, for three ways to start:
 #
 # | initialisation | Var(w) | factor $\text{fan\_in} \cdot \text{Var}(w)/2$ per layer | root mean square after 10 layers |
 # | --- | --- | --- | --- |
-# | PyTorch's default, $U(\pm 1/\sqrt{256})$ | $1/(3 \cdot 256)$ | $1/6$ | falls until the bias term holds it: $q^* = \frac{1/1536}{1 - 1/6} = 1/1280$, so $\sqrt{q^*} \approx 0.028$ |
-# | `kaiming_normal_(nonlinearity="relu")`, zero bias | $2/256$ | $1$ | stays at $1$ |
-# | `normal_(std=0.01)`, zero bias | $10^{-4}$ | $0.0128$ | $\sqrt{0.0128^{10}} = 0.0128^{5} \approx 3.4 \cdot 10^{-10}$ |
+# | PyTorch's default, $U(\pm 1/\sqrt{128})$ | $1/(3 \cdot 128)$ | $1/6$ | falls until the bias term holds it: $q^* = \frac{1/768}{1 - 1/6} = 1/640$, so $\sqrt{q^*} \approx 0.040$ |
+# | `kaiming_normal_(nonlinearity="relu")`, zero bias | $2/128$ | $1$ | stays at $1$ |
+# | `normal_(std=0.01)`, zero bias | $10^{-4}$ | $0.0064$ | $\sqrt{0.0064^{10}} = 0.0064^{5} \approx 1.1 \cdot 10^{-11}$ |
 #
-# (The default's bias variance is $(1/16)^2/3 = 1/768$, half of which is $1/1536$.) The next
-# cell sends `DEEP_BATCH` random inputs through the three stacks, built from the same seed,
-# measures the root mean square after every layer, and checks it against the recursion.
+# (The default's bias variance is $1/(3 \cdot 128) = 1/384$, half of which is $1/768$.) The
+# next cell sends `DEEP_BATCH` random inputs through the three stacks, built from the same
+# seed, measures the root mean square after every layer, and checks it against the recursion.
+# Each layer's factor is itself random (128 weights per output are a small sample), so the
+# measurement may stray from the prediction by a few tens of percent; the check allows a
+# factor of 2.5, while the three stacks differ by factors of thousands.
 
 # %%
 gen = torch.Generator().manual_seed(SEED)
@@ -496,7 +499,7 @@ for name, (init, fan_var_w, var_b) in inits.items():
             measured[name].append(h.pow(2).mean().sqrt().item())
             predicted[name].append(math.sqrt(q))
     ratios = [m / p for m, p in zip(measured[name], predicted[name])]
-    assert all(0.5 < r < 2 for r in ratios), (name, ratios)
+    assert all(0.4 < r < 2.5 for r in ratios), (name, ratios)
     print(f"{name:22} after layer 1: {measured[name][0]:.3g}, after layer {DEPTH}: "
           f"{measured[name][-1]:.3g} (predicted {predicted[name][-1]:.3g})")  # fmt: skip
 
@@ -516,8 +519,8 @@ plt.show()
 # %% [markdown]
 # *Alt text: on a logarithmic scale, three measured curves with dashed predictions next to
 # them. The kaiming curve stays near 1; the default one falls over the first layers and levels
-# off near 0.03; the normal(0.01) one falls in a straight line, about ten times lower per
-# layer, to below 10⁻⁹.*
+# off near 0.04; the normal(0.01) one falls in a straight line, about twelve times lower per
+# layer, to about 10⁻¹¹.*
 #
 # The same factors act on the gradients flowing back through those weights, so a stack that
 # starts too small learns almost nothing in its early layers. PyTorch's default is not wrong:
@@ -1503,10 +1506,10 @@ check_number(
 #   `_modules` and `_buffers`. The running example holds 139 values; its plain-list version
 #   showed the optimizer 27, and its hidden layers moved by exactly 0.
 # * Buffers are saved and moved but never optimized; `persistent=False` ones are not saved.
-# * `nn.Linear` starts from $U(\pm 1/\sqrt{\text{fan\_in}})$. Through 10 ReLU layers of width 256
-#   that shrinks the signal by $\sqrt{6}$ a layer until the biases hold it near 0.03;
+# * `nn.Linear` starts from $U(\pm 1/\sqrt{\text{fan\_in}})$. Through 10 ReLU layers of width 128
+#   that shrinks the signal by $\sqrt{6}$ a layer until the biases hold it near 0.04;
 #   `kaiming_normal_(nonlinearity="relu")` keeps it near 1, and `normal_(std=0.01)` loses it
-#   (about $10^{-10}$). Seed before building, or give `nn.init` its own generator.
+#   (about $10^{-11}$). Seed before building, or give `nn.init` its own generator.
 # * A tied parameter is one object: one entry in `parameters()`, two keys in `state_dict()`,
 #   one `.grad` that sums both uses. `load_state_dict` and `deepcopy` keep the tie; a new
 #   `Parameter`, or `.to()` where the data cannot be swapped in place (`meta`), breaks it.
