@@ -401,10 +401,10 @@ print(
 # To start from other values, overwrite them. The functions of `nn.init` end in `_`, PyTorch's
 # mark for "changes its argument in place": `nn.init.zeros_(b)`, `nn.init.normal_(w, std=0.02)`,
 # `nn.init.kaiming_normal_(w, nonlinearity="relu")`. A parameter is a leaf of the autograd
-# graph that requires a gradient, and autograd refuses to let such a leaf be changed in place
-# while it records, since the change would be part of no graph. The `nn.init` functions work
-# under `torch.no_grad()` for that reason, and code of your own that writes into a parameter
-# must do the same.
+# graph that requires a gradient, and autograd refuses to change such a leaf in place while it
+# records: the operation would give the leaf a history, and it would stop being a leaf. The
+# `nn.init` functions write under `torch.no_grad()` for that reason, and code of your own that
+# writes into a parameter must do the same.
 #
 # `model.apply(fn)` calls `fn` on every submodule, children before their parent and the model
 # itself last, and returns the model. An initialisation function therefore checks the type of
@@ -1001,10 +1001,12 @@ print(f"gradient norms: through the output {through_out.norm():.4f}, through the
 #   of an untied model, `out.weight` (the later module) wins and `embed.weight`'s values are
 #   lost, with no warning.
 # * `copy.deepcopy` remembers what it has already copied, so the copy is tied too.
-# * `.to(device)` between the CPU, CUDA and MPS puts the new data under the *same* `Parameter`,
-#   and the tie stays. When it cannot (to `meta`, here the stand-in for a GPU), it makes a new
-#   `Parameter` for each place, and the tie is gone. PyTorch decides with
-#   `torch._has_compatible_shallow_copy_type`; the cell asks it, and re-ties if needed.
+# * `.to(device)` puts the moved data under the *same* `Parameter` when the two kinds of tensor
+#   allow it, and the tie stays. When they do not, it makes a new `Parameter` for each place,
+#   and the tie is gone. PyTorch decides with `torch._has_compatible_shallow_copy_type`, whose
+#   source lists dense CPU, CUDA and MPS tensors as compatible with each other, and `meta` (the
+#   stand-in for a GPU on a machine without one) as not. The cell asks it for `OTHER`, checks
+#   the answer against what happened, and ties again where the move broke the tie.
 # * Assigning a new `nn.Parameter` to one place breaks the tie: `untied_copy` above did that
 #   on purpose, and had 80 values.
 
@@ -1146,8 +1148,8 @@ print("in eval mode the Linear still got a gradient:", body[0].weight.grad is no
 # does not set comes from the optimizer's arguments. Two uses are everywhere:
 #
 # * **no weight decay on biases and normalisation layers.** Decay pulls values towards 0 to keep
-#   weights small; a bias or a norm's scale is not the kind of weight that grows with
-#   over-fitting, and pulling a LayerNorm's scale to 0 shrinks its output.
+#   the weights that multiply inputs small; a bias multiplies nothing, and pulling a norm
+#   layer's scale towards 0 shrinks everything it outputs.
 # * **a smaller learning rate for a pre-trained body** than for a new head.
 #
 # `forge_course.reference.modules.decay_groups(model, weight_decay)` does the first split by
@@ -1189,8 +1191,9 @@ print("every parameter moved as its own group's AdamW formula says")
 #
 # Back to fine-tuning the running example: the head learns with `LR`, the hidden layers with a
 # tenth of it. Plain SGD moves each parameter by exactly $-\text{lr} \cdot g$, with its
-# group's `lr`. A group's settings can change between steps: setting
-# `optimizer.param_groups[i]["lr"]` is all a learning-rate scheduler does.
+# group's `lr`. A group's settings can change between steps: a learning-rate scheduler works
+# by writing a new `optimizer.param_groups[i]["lr"]` into every group, each from its own
+# starting rate.
 #
 # A typical schedule starts with the body frozen and the optimizer built over the head only,
 # then unfreezes the body. `requires_grad_(True)` gives the body gradients again, but the
@@ -1222,6 +1225,9 @@ for lr_body in (LR / 10, LR / 100):
         group_lr = lr_body if name.startswith("hidden") else LR
         torch.testing.assert_close(change, -group_lr * p.grad)
     print(f"body lr {lr_body:g}: every change equals −lr·grad with its group's lr")
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)  # halves each group
+print("a scheduler that halves the rate writes", [g["lr"] for g in optimizer.param_groups])
+assert all(math.isclose(g["lr"], lr) for g, lr in zip(optimizer.param_groups, (LR / 200, LR / 2)))
 
 model = frozen_mlp()
 optimizer = torch.optim.SGD(model.head.parameters(), lr=LR)
