@@ -56,6 +56,9 @@ device = pick_device()
 # Where the demos move things. With only a CPU, the `meta` device stands in for a GPU: its
 # tensors have a shape, a dtype and a device, but no data, so every move is still visible.
 OTHER = device if device.type != "cpu" else torch.device("meta")
+# The normalisation layers (for Exercise 3): _NormBase covers every BatchNorm and InstanceNorm.
+NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm)
+NORM_TYPES += (nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()  # torch 2.4 and later
 torch.manual_seed(SEED)
 print("Running on", describe(device))
 print("Moves are shown to:", OTHER)
@@ -1152,9 +1155,9 @@ print("in eval mode the Linear still got a gradient:", body[0].weight.grad is no
 #   layer's scale towards 0 shrinks everything it outputs.
 # * **a smaller learning rate for a pre-trained body** than for a new head.
 #
-# `forge_course.reference.modules.decay_groups(model, weight_decay)` does the first split by
-# module type: weights of the layers that multiply decay, biases and every parameter of a
-# normalisation layer do not, and frozen parameters are left out. For
+# `ref_modules.decay_groups(model, weight_decay)`, the reference answer to the next exercise,
+# does the first split by module type: weights of the layers that multiply decay, biases and
+# every parameter of a normalisation layer do not, and frozen parameters are left out. For
 # `Sequential(Linear(4, 8), BatchNorm1d(8), ReLU(), Linear(8, 3))`, by hand: decay
 # $4 \cdot 8 + 8 \cdot 3 = 56$ values, no decay $8 + 8 + 8 + 3 = 27$.
 #
@@ -1163,16 +1166,15 @@ print("in eval mode the Linear still got a gradient:", body[0].weight.grad is no
 # \epsilon)$, with its own group's `wd`. The next cell checks every parameter against that.
 
 # %%
-from forge_course.reference.modules import decay_groups
-
 torch.manual_seed(SEED)
 net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
-groups = decay_groups(net, weight_decay=0.1)
+groups = ref_modules.decay_groups(net, weight_decay=0.1)
 names = {id(p): name for name, p in net.named_parameters()}
 for group in groups:
     print(f"weight_decay {group['weight_decay']}: {sum(p.numel() for p in group['params'])} "
           f"values in {[names[id(p)] for p in group['params']]}")  # fmt: skip
 assert [sum(p.numel() for p in g["params"]) for g in groups] == [56, 27]
+assert set(NORM_TYPES) == set(ref_modules.NORM_TYPES)  # the chapter's tuple is the reference's
 
 lr, eps = 0.01, 1e-8
 optimizer = torch.optim.AdamW(groups, lr=lr, eps=eps)
@@ -1185,6 +1187,56 @@ for group, group_start in zip(optimizer.param_groups, start):
         by_hand = p0 * (1 - lr * group["weight_decay"]) - lr * g / (g.abs() + eps)
         torch.testing.assert_close(p.detach(), by_hand)
 print("every parameter moved as its own group's AdamW formula says")
+
+# %% [markdown]
+# ## Exercise 3 · `ch05_decay_groups`: weight decay where it belongs
+#
+# Write `decay_groups(model, weight_decay)` that returns two parameter groups, ready for
+# `torch.optim.AdamW(groups, lr=...)`, in this order:
+#
+# 1. `{"params": [...], "weight_decay": weight_decay}`: the parameters that decay;
+# 2. `{"params": [...], "weight_decay": 0.0}`: every parameter named `bias` (the last part of
+#    its dotted name) and every parameter of a normalisation layer, that is of a module that is
+#    an instance of `NORM_TYPES` (defined in the chapter's first code cell: BatchNorm,
+#    LayerNorm, GroupNorm, …). Write the `0.0`: a group without its own `weight_decay` takes the optimizer's.
+#
+# List only trainable parameters (`requires_grad`), each one once, even when it is tied into
+# two places; the order inside a group does not matter. `model.named_parameters()` gives each
+# parameter once with its dotted name, and `model.get_submodule(name.rpartition(".")[0])` is
+# the module that holds it.
+#
+# The visible check uses the model above; the hidden one adds tied weights, a frozen body and
+# other norm layers.
+
+
+# %% nbgrader={"grade_id": "ch05_decay_groups", "solution": true}
+def decay_groups(model, weight_decay):
+    ### BEGIN SOLUTION
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        if leaf == "bias" or isinstance(model.get_submodule(owner), NORM_TYPES):
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "ch05_decay_groups_tests", "grade": true, "points": 2}
+# Visible tests: Sequential(Linear, BatchNorm1d, ReLU, Linear) with weight_decay=0.1.
+from forge_course.grading import ch05
+
+ch05.check_decay_groups(decay_groups)
+print("decay_groups: weights decay, biases and norms do not, frozen left out, tied listed once.")
+### BEGIN HIDDEN TESTS
+ch05.check_decay_groups(decay_groups, thorough=True)
+### END HIDDEN TESTS
 
 # %% [markdown]
 # ### A learning rate per group, changed while training, and groups added later
@@ -1312,7 +1364,7 @@ print("a tensor already on the device comes back as itself:", y.to("cpu") is y)
 # named tuple. `.to()` exists on tensors and modules only; a dict has none, so each tensor
 # inside must be moved, and the structure rebuilt around them.
 #
-# ## Exercise 3 · `ch05_to_device`: move a nested batch
+# ## Exercise 4 · `ch05_to_device`: move a nested batch
 #
 # Write `to_device(batch, device)` that returns a copy of `batch` with every tensor replaced by
 # `tensor.to(device)`:
@@ -1503,7 +1555,7 @@ check_number(
 # model.apply(init_fn)                         # init_fn on every submodule; nn.init.*_ work in place
 # self.out.weight = self.embed.weight          # tied: listed once, its gradient the sum of both uses
 # model.body.requires_grad_(False)             # frozen: .grad stays None, BatchNorm statistics still move
-# optimizer = torch.optim.AdamW(decay_groups(model, 0.1), lr=lr)  # no decay on biases and norms
+# optimizer = torch.optim.AdamW(decay_groups(model, 0.1), lr=lr)  # Exercise 3: none on biases, norms
 # optimizer.param_groups[0]["lr"] = lr         # what a scheduler does before each step
 # optimizer.add_param_group({"params": model.body.parameters(), "lr": lr / 10})  # unfrozen later
 # ```

@@ -188,6 +188,8 @@ def test_learner_code_may_not_call_the_references():
             MLP([2, 1])
         with pytest.raises(ReferenceCalled):
             record_activations(nn.Linear(2, 1), torch.ones(1, 2), [""])
+        with pytest.raises(ReferenceCalled):
+            decay_groups(nn.Linear(2, 1), 0.1)
 
 
 # ---------------------------------------------------------------- decay_groups

@@ -7,7 +7,7 @@ ordinary attribute that no Module method looks at. ``parameters()``, ``state_dic
 ``train()``/``eval()`` and the optimizer built from ``parameters()`` only ever walk those three
 dictionaries, recursively.
 
-Three answers live here, and one helper the chapter uses:
+Four answers live here:
 
 - `MLP`: a multi-layer perceptron whose hidden layers sit in an ``nn.ModuleList``, so they are
   registered: the repair of the same model written with a plain Python list.
@@ -140,6 +140,7 @@ def to_device(batch: Any, device: torch.device | str) -> Any:
     return batch  # a str is a sequence too, but of strs: recursing into it would never end
 
 
+@reference
 def decay_groups(
     model: nn.Module, weight_decay: float, norm_types: tuple[type[nn.Module], ...] = NORM_TYPES
 ) -> list[dict[str, Any]]:
