@@ -970,8 +970,8 @@ print("state_dict: two keys, one memory; torch.load gives back one memory too")
 # gave $\partial L / \partial z = (\mathrm{softmax}(z) - \mathrm{onehot}(y)) / B$. From there
 # $E$ gets a gradient along two paths:
 #
-# * as the output layer's weight: $\partial L / \partial z^\top \, h$, a `[VOCAB, DIM]` matrix;
-# * as the embedding table: $\partial L / \partial h = \partial L / \partial z \, E$, one row per
+# * as the output layer's weight: $(\partial L / \partial z)^\top h$, a `[VOCAB, DIM]` matrix;
+# * as the embedding table: $\partial L / \partial h = (\partial L / \partial z) E$, one row per
 #   token in the batch, each added to the row of $E$ it was looked up from.
 #
 # Autograd adds the two into the one `.grad`. The next cell computes both paths by hand,
@@ -1046,9 +1046,10 @@ assert is_tied(moved) and len(list(moved.parameters())) == 1
 #
 # ## Frozen parameters: `requires_grad_(False)`
 #
-# Fine-tuning often keeps a pre-trained body fixed and trains a new head. `p.requires_grad_(False)`
-# (or `module.requires_grad_(False)`, for all of a module's parameters) tells autograd not to
-# compute that parameter's gradient: backward leaves its `.grad` at `None`, and skips the work.
+# Fine-tuning often keeps a pre-trained body fixed and trains a new head.
+# `p.requires_grad_(False)` (or `module.requires_grad_(False)`, for all of a module's
+# parameters) tells autograd not to compute that parameter's gradient: backward leaves its
+# `.grad` at `None`, and skips the work.
 # Freeze the running example's hidden layers and what is left to train is the head: 27 of 139
 # values, the same 27 the broken model showed its optimizer, this time on purpose.
 #
@@ -1144,6 +1145,10 @@ assert body[0].weight.grad is not None
 print("in eval mode the Linear still got a gradient:", body[0].weight.grad is not None)
 
 # %% [markdown]
+# *Try it:* in the zero-gradient cell, call `optimizer.zero_grad()` with its default
+# (`set_to_none=True`) and predict what the frozen weight does then; the check in that cell
+# will tell you.
+#
 # ## Parameter groups: different settings for different parameters
 #
 # An optimizer keeps a list of parameter groups, `optimizer.param_groups`: dicts, each with
