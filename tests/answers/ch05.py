@@ -207,18 +207,15 @@ def decay_groups(model, weight_decay):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 """
 
-DECAY_TIED_TWICE = """
+DECAY_NO_DECAY_UNSET = """
 def decay_groups(model, weight_decay):
     decay, rest = [], []
-    for name, p in model.named_parameters(remove_duplicate=False):
+    for name, p in model.named_parameters():
         owner = model.get_submodule(name.rpartition(".")[0])
-        if not p.requires_grad:
-            continue
-        if name.endswith("bias") or isinstance(owner, NORM_TYPES):
-            rest.append(p)
-        else:
-            decay.append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        if p.requires_grad:
+            quiet = name.endswith("bias") or isinstance(owner, NORM_TYPES)
+            (rest if quiet else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest}]
 """
 
 DECAY_BY_MODULES = """
@@ -266,7 +263,7 @@ WRONG = {
     "ch05_decay_groups": [
         (DECAY_ONE_GROUP, {"ch05_decay_groups_tests": "every parameter is in one group"}),
         (DECAY_BIASES_ONLY, {"ch05_decay_groups_tests": "the normalisation layers' weights decay"}),
-        (DECAY_TIED_TWICE, {"ch05_decay_groups_tests": "a tied parameter is listed twice"}),
+        (DECAY_NO_DECAY_UNSET, {"ch05_decay_groups_tests": "AdamW's default is 0.01"}),
     ],
     "ch05_questions": [
         (
