@@ -617,8 +617,8 @@ DECAY_GROUPS = Exercise(
     mistakes=DECAY_MISTAKES,
     hint="walk `model.named_parameters()`, skip frozen ones, put each bias and every "
     "parameter of a `NORM_TYPES` module in the second group, and return "
-    "`[{\"params\": decay, \"weight_decay\": weight_decay}, "
-    "{\"params\": no_decay, \"weight_decay\": 0.0}]`.",
+    '`[{"params": decay, "weight_decay": weight_decay}, '
+    '{"params": no_decay, "weight_decay": 0.0}]`.',
 )
 check_decay_groups = DECAY_GROUPS.check
 
