@@ -8,17 +8,20 @@
 # at all, and the errors that come later (a layer left behind meeting a moved input, a strict
 # `load_state_dict` missing keys) point far from the line that forgot to register something.
 # All three appear below. This chapter shows how things get into the tree, what else hangs
-# there (buffers and hooks), and how models, tensors and whole batches move between devices.
+# there (buffers and hooks), what the parameters start from, how to share, freeze and group
+# them, and how models, tensors and whole batches move between devices.
 #
 # **By the end of this chapter you can:**
 #
 # 1. predict what `parameters()`, `state_dict()` and `.to()` see from how `__init__` assigns
 #    attributes, and repair a model whose layers sit in a plain Python list;
-# 2. count a model's parameters by hand, and tell parameters from buffers;
+# 2. count a model's parameters by hand (a tied one once, the frozen ones apart), tell
+#    parameters from buffers, and check how they were initialised;
 # 3. record what any layer returns with a forward hook, remove the hook cleanly, and say why
 #    you call `model(x)` and not `model.forward(x)`;
-# 4. load a checkpoint that does not quite match (`strict=False`, `map_location`) and read
-#    what it reports;
+# 4. load a checkpoint that does not quite match (`strict=False`, `map_location`), read what
+#    it reports, and fine-tune from it: freeze parameters, and give the optimizer parameter
+#    groups with their own learning rate and weight decay;
 # 5. move models and nested batches to a device, knowing that `.to()` changes a module in
 #    place but returns a new tensor.
 
@@ -31,8 +34,14 @@ STEPS = 60  # SGD steps in the "who gets trained" experiments
 LR = 0.3  # learning rate of those steps
 RECORD_BATCH = 512  # examples in the activation-recording example
 TIMING_REPEATS = 100  # the explorer's latency is the median of this many calls
+DEPTH = 10  # Linear + ReLU layers in the initialisation experiment
+WIDTH = 128  # inputs and outputs of each of those layers
+DEEP_BATCH = 256  # examples sent through that stack
+VOCAB, DIM = 10, 4  # the tied-weights example: a vocabulary of 10 tokens, vectors of 4 values
 
+import copy
 import io
+import math
 import time
 
 import matplotlib.pyplot as plt
@@ -47,6 +56,9 @@ device = pick_device()
 # Where the demos move things. With only a CPU, the `meta` device stands in for a GPU: its
 # tensors have a shape, a dtype and a device, but no data, so every move is still visible.
 OTHER = device if device.type != "cpu" else torch.device("meta")
+# The normalisation layers (for Exercise 3): _NormBase covers every BatchNorm and InstanceNorm.
+NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm)
+NORM_TYPES += (nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()  # torch 2.4 and later
 torch.manual_seed(SEED)
 print("Running on", describe(device))
 print("Moves are shown to:", OTHER)
@@ -344,6 +356,225 @@ print(f"loss after {STEPS} steps: {broken_losses[-1]:.4f} (broken), {repaired_lo
 # The broken model still learns a little, through its head, which is what makes the bug hard
 # to spot: the loss goes down, just not as far as it should.
 #
+# ## Where the starting values come from: initialisation
+#
+# A layer fills its parameters the moment it is built, in its `reset_parameters()` method, with
+# numbers drawn from the global random generator. `nn.Linear` calls
+# `nn.init.kaiming_uniform_(weight, a=math.sqrt(5))`, a formula made for leaky ReLU layers
+# that, with this `a`, comes down to something simple. Its gain is
+# $\sqrt{2 / (1 + a^2)} = \sqrt{2/6} = 1/\sqrt{3}$, the standard deviation it aims for is
+# $\text{gain}/\sqrt{\text{fan\_in}}$ (fan_in: the number of inputs each output sums), and a
+# uniform distribution with that spread reaches $\sqrt{3}$ standard deviations either side:
+#
+# $$\text{bound} = \sqrt{3} \cdot \frac{1}{\sqrt{3}} \cdot \frac{1}{\sqrt{\text{fan\_in}}}
+# = \frac{1}{\sqrt{\text{fan\_in}}}.$$
+#
+# The bias is drawn from the same range, $U(-1/\sqrt{\text{fan\_in}}, 1/\sqrt{\text{fan\_in}})$.
+# For `nn.Linear(256, 128)`, fan_in = 256: the bound is $1/16 = 0.0625$, and the standard
+# deviation $0.0625/\sqrt{3} \approx 0.0361$. The next cell checks the formula against
+# `nn.init.calculate_gain`, the layer's values against the bound and the spread, and then draws
+# the same numbers by hand from the same seed: the weight first, then the bias.
+
+# %%
+fan_in, fan_out = 256, 128
+gain = nn.init.calculate_gain("leaky_relu", math.sqrt(5))
+weight_bound = math.sqrt(3) * gain / math.sqrt(fan_in)  # what kaiming_uniform_ computes
+bias_bound = 1 / math.sqrt(fan_in)  # what Linear.reset_parameters computes for the bias
+assert math.isclose(gain, 1 / math.sqrt(3)) and math.isclose(weight_bound, bias_bound)
+torch.manual_seed(SEED)
+layer = nn.Linear(fan_in, fan_out)
+print(f"bound 1/√{fan_in} = {bias_bound:.4f}; the weight spans "
+      f"[{layer.weight.min():.5f}, {layer.weight.max():.5f}], "
+      f"the bias [{layer.bias.min():.4f}, {layer.bias.max():.4f}]")  # fmt: skip
+assert max(layer.weight.abs().max(), layer.bias.abs().max()) <= bias_bound
+spread = layer.weight.std().item()
+print(f"weight std {spread:.4f}; the formula's bound/√3 = {bias_bound / math.sqrt(3):.4f}")
+assert abs(spread - bias_bound / math.sqrt(3)) < 0.02 * bias_bound
+torch.manual_seed(SEED)
+weight_by_hand = torch.empty(fan_out, fan_in).uniform_(-weight_bound, weight_bound)
+bias_by_hand = torch.empty(fan_out).uniform_(-bias_bound, bias_bound)
+assert torch.equal(layer.weight, weight_by_hand) and torch.equal(layer.bias, bias_by_hand)
+print(
+    "drawn by hand from the same seed: the same", fan_in * fan_out + fan_out, "values, bit for bit"
+)
+
+# %% [markdown]
+# ### `nn.init`: refilling parameters in place
+#
+# To start from other values, overwrite them. The functions of `nn.init` end in `_`, PyTorch's
+# mark for "changes its argument in place": `nn.init.zeros_(b)`, `nn.init.normal_(w, std=0.02)`,
+# `nn.init.kaiming_normal_(w, nonlinearity="relu")`. A parameter is a leaf of the autograd
+# graph that requires a gradient, and autograd refuses to change such a leaf in place while it
+# records: the operation would give the leaf a history, and it would stop being a leaf. The
+# `nn.init` functions write under `torch.no_grad()` for that reason, and code of your own that
+# writes into a parameter must do the same.
+#
+# `model.apply(fn)` calls `fn` on every submodule, children before their parent and the model
+# itself last, and returns the model. An initialisation function therefore checks the type of
+# the module it is given, and leaves alone what it does not know.
+
+# %%
+torch.manual_seed(SEED)
+model = ref_modules.MLP(SIZES)
+try:
+    model.head.weight.normal_()
+except RuntimeError as err:
+    print("in place, outside no_grad:", err)
+else:
+    raise AssertionError("a parameter was changed in place while autograd was recording")
+with torch.no_grad():
+    model.head.weight.normal_(std=0.01)  # allowed: nothing is recorded
+visited = []
+
+
+def init_for_relu(module):
+    visited.append(type(module).__name__)
+    if isinstance(module, nn.Linear):
+        nn.init.kaiming_normal_(module.weight, nonlinearity="relu")  # std √(2 / fan_in)
+        nn.init.zeros_(module.bias)
+
+
+returned = model.apply(init_for_relu)
+print("model.apply visited, in order:", visited)
+assert returned is model and visited == ["Linear", "Linear", "ModuleList", "Linear", "MLP"]
+assert all(torch.count_nonzero(layer.bias) == 0 for layer in [*model.hidden, model.head])
+
+# %% [markdown]
+# ### Why the scale matters: a signal through ten layers
+#
+# Send inputs whose mean square is $q$ through `Linear(fan_in, fan_out)` and a ReLU. Each
+# output before the ReLU sums fan_in products $w_i x_i$ of independent, zero-mean weights, so
+# its variance is $\text{fan\_in} \cdot \text{Var}(w) \cdot q$, plus the bias's variance. The
+# ReLU zeroes the negative half of that symmetric distribution, which halves the mean square.
+# Layer after layer:
+#
+# $$q_{l+1} = \tfrac{1}{2}\left(\text{fan\_in} \cdot \text{Var}(w) \cdot q_l
+# + \text{Var}(b)\right), \qquad q_0 = 1.$$
+#
+# With `WIDTH` = 128 inputs per layer and `DEPTH` = 10 layers, for three ways to start:
+#
+# | initialisation | Var(w) | factor $\text{fan\_in} \cdot \text{Var}(w)/2$ per layer | root mean square after 10 layers |
+# | --- | --- | --- | --- |
+# | PyTorch's default, $U(\pm 1/\sqrt{128})$ | $1/(3 \cdot 128)$ | $1/6$ | falls until the bias term holds it: $q^* = \frac{1/768}{1 - 1/6} = 1/640$, so $\sqrt{q^*} \approx 0.040$ |
+# | `kaiming_normal_(nonlinearity="relu")`, zero bias | $2/128$ | $1$ | stays at $1$ |
+# | `normal_(std=0.01)`, zero bias | $10^{-4}$ | $0.0064$ | $\sqrt{0.0064^{10}} = 0.0064^{5} \approx 1.1 \cdot 10^{-11}$ |
+#
+# (The default's bias variance is $1/(3 \cdot 128) = 1/384$, half of which is $1/768$.) The
+# next cell sends `DEEP_BATCH` random inputs through the three stacks, built from the same
+# seed, measures the root mean square after every layer, and checks it against the recursion.
+# Each layer's factor is itself random (128 weights per output are a small sample), so the
+# measurement may stray from the prediction by a few tens of percent; the check allows a
+# factor of 2.5, while the three stacks differ by factors of thousands.
+
+# %%
+gen = torch.Generator().manual_seed(SEED)
+x_deep = torch.randn(DEEP_BATCH, WIDTH, generator=gen)
+
+
+def kaiming_relu(module):
+    if isinstance(module, nn.Linear):
+        nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+        nn.init.zeros_(module.bias)
+
+
+def too_small(module):
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=0.01)
+        nn.init.zeros_(module.bias)
+
+
+inits = {  # name: (init function or None for the default, Var(w) · fan_in, Var(b))
+    "default": (None, 1 / 3, 1 / (3 * WIDTH)),
+    "kaiming_normal_(relu)": (kaiming_relu, 2.0, 0.0),
+    "normal_(std=0.01)": (too_small, 0.01**2 * WIDTH, 0.0),
+}
+measured, predicted = {}, {}
+for name, (init, fan_var_w, var_b) in inits.items():
+    torch.manual_seed(SEED)
+    stack = nn.Sequential(*[m for _ in range(DEPTH) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())])
+    if init is not None:
+        stack.apply(init)
+    h, q, measured[name], predicted[name] = x_deep, 1.0, [], []
+    with torch.no_grad():  # only looking: no graph needed
+        for linear, relu in zip(stack[::2], stack[1::2]):
+            h = relu(linear(h))
+            q = (fan_var_w * q + var_b) / 2
+            measured[name].append(h.pow(2).mean().sqrt().item())
+            predicted[name].append(math.sqrt(q))
+    ratios = [m / p for m, p in zip(measured[name], predicted[name])]
+    assert all(0.4 < r < 2.5 for r in ratios), (name, ratios)
+    print(f"{name:22} after layer 1: {measured[name][0]:.3g}, after layer {DEPTH}: "
+          f"{measured[name][-1]:.3g} (predicted {predicted[name][-1]:.3g})")  # fmt: skip
+
+fig, ax = plt.subplots(figsize=(7, 3.6))
+layers_axis = range(1, DEPTH + 1)
+for (name, values), colour in zip(
+    measured.items(), (PALETTE["vermillion"], PALETTE["blue"], PALETTE["orange"])
+):
+    ax.plot(layers_axis, values, "o-", color=colour, label=f"{name}, measured")
+    ax.plot(layers_axis, predicted[name], "--", color=colour, lw=1, label=f"{name}, predicted")
+ax.set_yscale("log")
+ax.set(xlabel="layer (Linear + ReLU)", ylabel="root mean square of the output",
+       title=f"{DEPTH} layers of width {WIDTH}: the signal under three initialisations")  # fmt: skip
+ax.legend(fontsize=7)
+plt.show()
+
+# %% [markdown]
+# *Alt text: on a logarithmic scale, three measured curves with dashed predictions next to
+# them. The kaiming curve stays near 1; the default one falls over the first layers and levels
+# off near 0.04; the normal(0.01) one falls in a straight line, about twelve times lower per
+# layer, to about 10⁻¹¹.*
+#
+# The same factors act on the gradients flowing back through those weights, so a stack that
+# starts too small learns almost nothing in its early layers. PyTorch's default is not wrong:
+# for one layer, or the shallow running example, it keeps values in range, and normalisation
+# layers and residual connections (which most deep models have) rescue deep stacks. But the
+# default is not the formula for ReLU networks, and only measuring shows what a model gets.
+#
+# *Try it:* change `nonlinearity="relu"` to `"linear"` in `kaiming_relu` (gain 1 instead of
+# √2: predict the factor per layer first), or set `DEPTH = 30` at the top.
+#
+# ### Seeding: the same weights on every run
+#
+# The initial values come from the global generator, in the order the layers are built. The
+# same seed and the same order give the same weights: that is why the broken and the repaired
+# model above started equal. Anything that draws a random number in between (another layer, a
+# data split, a `torch.randn`) shifts everything built after it. To make a model's start
+# independent of what ran before, give the initialisation its own generator: every `nn.init`
+# function takes `generator=`.
+
+
+# %%
+def seeded(extra_draw=False):
+    torch.manual_seed(SEED)
+    if extra_draw:
+        torch.randn(1)  # anything that draws: a data split, a dropout mask, one more layer
+    return ref_modules.MLP(SIZES)
+
+
+def init_with(generator):
+    def init(module):
+        if isinstance(module, nn.Linear):
+            nn.init.kaiming_normal_(module.weight, nonlinearity="relu", generator=generator)
+            nn.init.zeros_(module.bias)
+
+    return init
+
+
+def same_weights(a, b):
+    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+first, again, shifted = seeded(), seeded(), seeded(extra_draw=True)
+assert same_weights(first, again) and not same_weights(first, shifted)
+print("same seed, same order: identical; one extra draw first: every value differs:",
+      bool((first.head.weight != shifted.head.weight).all()))  # fmt: skip
+for model in (first, shifted):
+    model.apply(init_with(torch.Generator().manual_seed(SEED)))
+assert same_weights(first, shifted)
+print("initialised again from a generator of their own: identical")
+
+# %% [markdown]
 # ## Buffers: state that is not learned
 #
 # Some tensors belong to a model without being trained by gradient descent: BatchNorm's running
@@ -666,6 +897,419 @@ fixed = {key.replace("layers.", "hidden."): value for key, value in renamed.item
 print("renamed back and loaded strictly:", fresh.load_state_dict(fixed))
 
 # %% [markdown]
+# ## Tied parameters: one tensor in two places
+#
+# A language model looks each token up in an embedding table of shape `[vocab, dim]`, and at
+# the end scores every token of the vocabulary with a linear layer whose weight has the same
+# shape, `[vocab, dim]`. Many models (GPT-2 among them) use one tensor for both. The line
+# `self.out.weight = self.embed.weight` files the *same* `Parameter` object in two modules'
+# `_parameters`: a tie is identity of one Python object, not two tensors that happen to be
+# equal.
+#
+# The smallest such model maps a token to scores for the next one, `logits = E[t] Eᵀ`, with
+# `VOCAB` = 10 tokens and vectors of `DIM` = 4 values: one table of $10 \cdot 4 = 40$ values.
+# `parameters()` lists every parameter once, however many places hold it, so the optimizer
+# steps it once; `named_parameters(remove_duplicate=False)` shows the places. `state_dict()`
+# keeps a key for each place, both pointing at the same memory, and `torch.save` writes that
+# memory once.
+
+
+# %%
+class TiedBigram(nn.Module):
+    """Scores for the next token: logits = E[token] @ Eᵀ, one [VOCAB, DIM] table used twice."""
+
+    def __init__(self, vocab, dim):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.out = nn.Linear(dim, vocab, bias=False)
+        self.out.weight = self.embed.weight  # the tie: out's own weight is dropped
+
+    def forward(self, tokens):
+        return self.out(self.embed(tokens))
+
+
+def untied_copy(model):
+    """The same values in two separate Parameters: what the tie would be without it."""
+    twin = copy.deepcopy(model)
+    twin.out.weight = nn.Parameter(twin.embed.weight.detach().clone())
+    return twin
+
+
+torch.manual_seed(SEED)
+tied = TiedBigram(VOCAB, DIM)
+places = [name for name, _ in tied.named_parameters(remove_duplicate=False)]
+listed = list(tied.parameters())
+print("places:", places, "| parameters() lists", len(listed), "tensor of",
+      sum(p.numel() for p in listed), "values")  # fmt: skip
+assert places == ["embed.weight", "out.weight"] and len(listed) == 1
+assert sum(p.numel() for p in listed) == VOCAB * DIM == 40
+untied = untied_copy(tied)
+assert sum(p.numel() for p in untied.parameters()) == 2 * VOCAB * DIM
+
+state = tied.state_dict()
+assert list(state) == ["embed.weight", "out.weight"]
+assert state["embed.weight"].data_ptr() == state["out.weight"].data_ptr()
+files = {}
+for name, model in (("tied", tied), ("untied", untied)):
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    files[name] = buffer
+print(f"saved: {len(files['tied'].getvalue())} bytes tied, "
+      f"{len(files['untied'].getvalue())} untied")  # fmt: skip
+assert len(files["untied"].getvalue()) - len(files["tied"].getvalue()) >= VOCAB * DIM * 4
+files["tied"].seek(0)
+reloaded = torch.load(files["tied"], weights_only=True)
+assert reloaded["embed.weight"].data_ptr() == reloaded["out.weight"].data_ptr()
+print("state_dict: two keys, one memory; torch.load gives back one memory too")
+
+# %% [markdown]
+# ### The gradient of a tied parameter is the sum of both uses
+#
+# Write $E$ for the table, $t$ for a batch of `BATCH` tokens, $y$ for the tokens that follow.
+# Then $h = E[t]$ (rows of $E$), $z = h E^\top$ and $L$ is the mean cross-entropy. Chapter 04
+# gave $\partial L / \partial z = (\mathrm{softmax}(z) - \mathrm{onehot}(y)) / B$. From there
+# $E$ gets a gradient along two paths:
+#
+# * as the output layer's weight: $(\partial L / \partial z)^\top h$, a `[VOCAB, DIM]` matrix;
+# * as the embedding table: $\partial L / \partial h = (\partial L / \partial z) E$, one row per
+#   token in the batch, each added to the row of $E$ it was looked up from.
+#
+# Autograd adds the two into the one `.grad`. The next cell computes both paths by hand,
+# checks their sum against the tied model's gradient, and each path against the untied copy,
+# whose two parameters get one path each.
+
+# %%
+gen = torch.Generator().manual_seed(SEED)
+tokens = torch.randint(VOCAB, (BATCH,), generator=gen)
+following = torch.randint(VOCAB, (BATCH,), generator=gen)
+for model in (tied, untied):
+    nn.functional.cross_entropy(model(tokens), following).backward()
+
+E = tied.embed.weight.detach()
+h = E[tokens]
+dz = (torch.softmax(h @ E.T, dim=1) - nn.functional.one_hot(following, VOCAB)) / BATCH
+through_out = dz.T @ h
+through_embed = torch.zeros_like(E).index_add_(0, tokens, dz @ E)
+torch.testing.assert_close(tied.embed.weight.grad, through_out + through_embed)
+torch.testing.assert_close(untied.out.weight.grad, through_out)
+torch.testing.assert_close(untied.embed.weight.grad, through_embed)
+print(f"gradient norms: through the output {through_out.norm():.4f}, through the embedding "
+      f"{through_embed.norm():.4f}, tied .grad {tied.embed.weight.grad.norm():.4f} (their sum)")  # fmt: skip
+
+# %% [markdown]
+# ### What keeps a tie, and what breaks it
+#
+# * `load_state_dict` copies values *into* the tensors the model already has, so the tie
+#   stays. But both keys are copied into the one tensor, module by module: from the checkpoint
+#   of an untied model, `out.weight` (the later module) wins and `embed.weight`'s values are
+#   lost, with no warning.
+# * `copy.deepcopy` remembers what it has already copied, so the copy is tied too.
+# * `.to(device)` puts the moved data under the *same* `Parameter` when the two kinds of tensor
+#   allow it, and the tie stays. When they do not, it makes a new `Parameter` for each place,
+#   and the tie is gone. PyTorch decides with `torch._has_compatible_shallow_copy_type`, whose
+#   source lists dense CPU, CUDA and MPS tensors as compatible with each other, and `meta` (the
+#   stand-in for a GPU on a machine without one) as not. The cell asks it for `OTHER`, checks
+#   the answer against what happened, and ties again where the move broke the tie.
+# * Assigning a new `nn.Parameter` to one place breaks the tie: `untied_copy` above did that
+#   on purpose, and had 80 values.
+
+
+# %%
+def is_tied(model):
+    return model.out.weight is model.embed.weight
+
+
+torch.manual_seed(SEED + 1)
+fresh_tied = TiedBigram(VOCAB, DIM)
+fresh_tied.load_state_dict(tied.state_dict())
+assert is_tied(fresh_tied) and torch.equal(fresh_tied.embed.weight, tied.embed.weight)
+untied_checkpoint = {"embed.weight": torch.zeros(VOCAB, DIM), "out.weight": torch.ones(VOCAB, DIM)}
+fresh_tied.load_state_dict(untied_checkpoint)
+print("loaded an untied checkpoint: still tied?", is_tied(fresh_tied), "| values now:",
+      fresh_tied.embed.weight.unique().tolist(), "(out.weight's)")  # fmt: skip
+assert is_tied(fresh_tied) and bool((fresh_tied.embed.weight == 1).all())
+assert is_tied(copy.deepcopy(tied))
+
+moved = copy.deepcopy(tied).to(OTHER)
+same_object_possible = torch._has_compatible_shallow_copy_type(
+    torch.empty(0), torch.empty(0, device=OTHER)
+)
+print(f".to({OTHER}): still tied?", is_tied(moved))
+assert is_tied(moved) == same_object_possible
+if not is_tied(moved):
+    moved.out.weight = moved.embed.weight  # tie again after moving
+assert is_tied(moved) and len(list(moved.parameters())) == 1
+
+# %% [markdown]
+# *Try it:* swap the order of the two keys in `untied_checkpoint` and predict which values win.
+# (The order of the modules decides, not the order of the keys.)
+#
+# ## Frozen parameters: `requires_grad_(False)`
+#
+# Fine-tuning often keeps a pre-trained body fixed and trains a new head.
+# `p.requires_grad_(False)` (or `module.requires_grad_(False)`, for all of a module's
+# parameters) tells autograd not to compute that parameter's gradient: backward leaves its
+# `.grad` at `None`, and skips the work.
+# Freeze the running example's hidden layers and what is left to train is the head: 27 of 139
+# values, the same 27 the broken model showed its optimizer, this time on purpose.
+#
+# Optimizers skip every parameter whose `.grad` is `None`, weight decay included. So an AdamW
+# given *all* the parameters, with a weight decay of 0.5, leaves the frozen ones exactly where
+# they were, like one given only the trainable ones. The next cell runs both for three steps.
+
+
+# %%
+def trainable(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def frozen_mlp():
+    torch.manual_seed(SEED)
+    model = ref_modules.MLP(SIZES)
+    model.hidden.requires_grad_(False)  # the "pre-trained body"
+    return model
+
+
+runs = {}
+for given in ("all parameters", "trainable only"):
+    model = frozen_mlp()
+    start = [p.detach().clone() for p in model.parameters()]
+    params = model.parameters() if given == "all parameters" else trainable(model)
+    optimizer = torch.optim.AdamW(params, lr=0.1, weight_decay=0.5)
+    for _ in range(3):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x_train), y_train).backward()
+        optimizer.step()
+    assert all(p.grad is None for p in model.hidden.parameters())
+    moved_by = [(p - p0).abs().max().item() for p, p0 in zip(model.parameters(), start)]
+    runs[given] = model
+    print(f"{given:15} trainable {sum(p.numel() for p in trainable(model))} of "
+          f"{sum(p.numel() for p in model.parameters())}; largest move per tensor "
+          f"{[round(m, 4) for m in moved_by]}; AdamW keeps state for {len(optimizer.state)}")  # fmt: skip
+    assert moved_by[:4] == [0.0] * 4 and min(moved_by[4:]) > 0
+assert all(torch.equal(a, b) for a, b in zip(*(m.parameters() for m in runs.values())))
+
+# %% [markdown]
+# What protects a frozen parameter is `.grad is None`, not `requires_grad=False` itself. A
+# parameter that was trained before it was frozen still has a `.grad` tensor, and
+# `zero_grad(set_to_none=False)` turns it into zeros instead of `None`. AdamW does not skip a
+# zero gradient: its decay multiplies the weight by $1 - \text{lr} \cdot \text{wd}
+# = 1 - 0.1 \cdot 0.5 = 0.95$ on every step, and SGD with momentum would keep moving it too.
+# Build the optimizer over the trainable parameters only, and a frozen one cannot move whatever
+# its `.grad` holds.
+
+# %%
+torch.manual_seed(SEED)
+model = ref_modules.MLP(SIZES)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5)
+nn.functional.mse_loss(model(x_train), y_train).backward()  # still trainable: .grad is a tensor
+model.hidden.requires_grad_(False)
+optimizer.zero_grad(set_to_none=False)  # zeros, not None
+before = model.hidden[0].weight.detach().clone()
+nn.functional.mse_loss(model(x_train), y_train).backward()
+optimizer.step()
+assert torch.count_nonzero(model.hidden[0].weight.grad) == 0
+torch.testing.assert_close(model.hidden[0].weight.detach(), before * (1 - 0.1 * 0.5))
+print("frozen, zero gradient, AdamW: the weight became 0.95 × itself; largest move",
+      f"{(model.hidden[0].weight - before).abs().max().item():.4f}")  # fmt: skip
+
+# %% [markdown]
+# ### `eval()` is not freezing, and freezing is not `eval()`
+#
+# `model.eval()` changes how some modules compute (dropout off, BatchNorm normalising with its
+# running statistics); it does not stop gradients. And freezing does not stop BatchNorm from
+# updating its running statistics: they are buffers, changed by the forward pass in training
+# mode, with no gradient and no optimizer involved. A frozen BatchNorm in training mode drifts
+# towards the statistics of the new data: after one batch with mean about 5, its running mean
+# is $0.9 \cdot 0 + 0.1 \cdot 5 \approx 0.5$. To keep its statistics, put it in eval mode,
+# again after every `model.train()`, which switches it back.
+
+# %%
+norm = nn.BatchNorm1d(3).requires_grad_(False)
+batch = torch.randn(64, 3, generator=torch.Generator().manual_seed(SEED)) + 5.0
+norm(batch)
+print("frozen BatchNorm, train mode: running_mean",
+      [round(v, 3) for v in norm.running_mean.tolist()],
+      "| num_batches_tracked", norm.num_batches_tracked.item())  # fmt: skip
+torch.testing.assert_close(norm.running_mean, 0.1 * batch.mean(dim=0))
+norm.eval()
+kept = norm.running_mean.clone()
+norm(batch)
+assert torch.equal(norm.running_mean, kept)
+body = nn.Sequential(nn.Linear(3, 3), norm).train()
+print("after body.train(), the norm is in training mode again:", norm.training)
+assert norm.training
+body.eval()
+body(batch).sum().backward()
+assert body[0].weight.grad is not None
+print("in eval mode the Linear still got a gradient:", body[0].weight.grad is not None)
+
+# %% [markdown]
+# *Try it:* in the zero-gradient cell, call `optimizer.zero_grad()` with its default
+# (`set_to_none=True`) and predict what the frozen weight does then; the check in that cell
+# will tell you.
+#
+# ## Parameter groups: different settings for different parameters
+#
+# An optimizer keeps a list of parameter groups, `optimizer.param_groups`: dicts, each with
+# its own `"params"` and its own settings (`lr`, `weight_decay`, `momentum`, …). What a group
+# does not set comes from the optimizer's arguments. Two uses are everywhere:
+#
+# * **no weight decay on biases and normalisation layers.** Decay pulls values towards 0 to keep
+#   the weights that multiply inputs small; a bias multiplies nothing, and pulling a norm
+#   layer's scale towards 0 shrinks everything it outputs.
+# * **a smaller learning rate for a pre-trained body** than for a new head.
+#
+# `ref_modules.decay_groups(model, weight_decay)`, the reference answer to the next exercise,
+# does the first split by module type: weights of the layers that multiply decay, biases and
+# every parameter of a normalisation layer do not, and frozen parameters are left out. For
+# `Sequential(Linear(4, 8), BatchNorm1d(8), ReLU(), Linear(8, 3))`, by hand: decay
+# $4 \cdot 8 + 8 \cdot 3 = 56$ values, no decay $8 + 8 + 8 + 3 = 27$.
+#
+# On AdamW's first step the moment estimates are $\hat m = g$ and $\hat v = g^2$, so each
+# parameter moves to $p \cdot (1 - \text{lr} \cdot \text{wd}) - \text{lr} \cdot g / (|g| +
+# \epsilon)$, with its own group's `wd`. The next cell checks every parameter against that.
+
+# %%
+torch.manual_seed(SEED)
+net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+groups = ref_modules.decay_groups(net, weight_decay=0.1)
+names = {id(p): name for name, p in net.named_parameters()}
+for group in groups:
+    print(f"weight_decay {group['weight_decay']}: {sum(p.numel() for p in group['params'])} "
+          f"values in {[names[id(p)] for p in group['params']]}")  # fmt: skip
+assert [sum(p.numel() for p in g["params"]) for g in groups] == [56, 27]
+assert set(NORM_TYPES) == set(ref_modules.NORM_TYPES)  # the chapter's tuple is the reference's
+
+lr, eps = 0.01, 1e-8
+optimizer = torch.optim.AdamW(groups, lr=lr, eps=eps)
+start = [[p.detach().clone() for p in g["params"]] for g in groups]
+nn.functional.mse_loss(net(x_train), y_train).backward()
+optimizer.step()
+for group, group_start in zip(optimizer.param_groups, start):
+    for p, p0 in zip(group["params"], group_start):
+        g = p.grad
+        by_hand = p0 * (1 - lr * group["weight_decay"]) - lr * g / (g.abs() + eps)
+        torch.testing.assert_close(p.detach(), by_hand)
+print("every parameter moved as its own group's AdamW formula says")
+
+# %% [markdown]
+# ## Exercise 3 · `ch05_decay_groups`: weight decay where it belongs
+#
+# Write `decay_groups(model, weight_decay)` that returns two parameter groups, ready for
+# `torch.optim.AdamW(groups, lr=...)`, in this order:
+#
+# 1. `{"params": [...], "weight_decay": weight_decay}`: the parameters that decay;
+# 2. `{"params": [...], "weight_decay": 0.0}`: every parameter named `bias` (the last part of
+#    its dotted name) and every parameter of a normalisation layer, that is of a module that is
+#    an instance of `NORM_TYPES` (defined in the chapter's first code cell: BatchNorm,
+#    LayerNorm, GroupNorm, …). Write the `0.0`: a group without its own `weight_decay` takes the optimizer's.
+#
+# List only trainable parameters (`requires_grad`), each one once, even when it is tied into
+# two places; the order inside a group does not matter. `model.named_parameters()` gives each
+# parameter once with its dotted name, and `model.get_submodule(name.rpartition(".")[0])` is
+# the module that holds it.
+#
+# The visible check uses the model above; the hidden one adds tied weights, a frozen body and
+# other norm layers.
+
+
+# %% nbgrader={"grade_id": "ch05_decay_groups", "solution": true}
+def decay_groups(model, weight_decay):
+    ### BEGIN SOLUTION
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        if leaf == "bias" or isinstance(model.get_submodule(owner), NORM_TYPES):
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "ch05_decay_groups_tests", "grade": true, "points": 2}
+# Visible tests: Sequential(Linear, BatchNorm1d, ReLU, Linear) with weight_decay=0.1.
+from forge_course.grading import ch05
+
+ch05.check_decay_groups(decay_groups)
+print("decay_groups: weights decay, biases and norms do not, frozen left out, tied listed once.")
+### BEGIN HIDDEN TESTS
+ch05.check_decay_groups(decay_groups, thorough=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### A learning rate per group, changed while training, and groups added later
+#
+# Back to fine-tuning the running example: the head learns with `LR`, the hidden layers with a
+# tenth of it. Plain SGD moves each parameter by exactly $-\text{lr} \cdot g$, with its
+# group's `lr`. A group's settings can change between steps: a learning-rate scheduler works
+# by writing a new `optimizer.param_groups[i]["lr"]` into every group, each from its own
+# starting rate.
+#
+# A typical schedule starts with the body frozen and the optimizer built over the head only,
+# then unfreezes the body. `requires_grad_(True)` gives the body gradients again, but the
+# optimizer was never told about it, so it is not stepped: the bug of parameters created after
+# the optimizer. `optimizer.add_param_group({...})` tells it. A parameter may be in one group
+# only; adding it twice raises.
+
+
+# %%
+def sgd_step(model, optimizer):
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(x_train), y_train).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.step()
+    return [p.detach() - p0 for p, p0 in zip(model.parameters(), before)]
+
+
+torch.manual_seed(SEED)
+model = ref_modules.MLP(SIZES)
+optimizer = torch.optim.SGD(
+    [{"params": model.hidden.parameters(), "lr": LR / 10}, {"params": model.head.parameters()}],
+    lr=LR,
+)
+print("lr per group:", [g["lr"] for g in optimizer.param_groups])
+for lr_body in (LR / 10, LR / 100):
+    optimizer.param_groups[0]["lr"] = lr_body  # what a scheduler does before a step
+    changes = sgd_step(model, optimizer)
+    for (name, p), change in zip(model.named_parameters(), changes):
+        group_lr = lr_body if name.startswith("hidden") else LR
+        torch.testing.assert_close(change, -group_lr * p.grad)
+    print(f"body lr {lr_body:g}: every change equals −lr·grad with its group's lr")
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)  # halves each group
+print("a scheduler that halves the rate writes", [g["lr"] for g in optimizer.param_groups])
+assert all(math.isclose(g["lr"], lr) for g, lr in zip(optimizer.param_groups, (LR / 200, LR / 2)))
+
+model = frozen_mlp()
+optimizer = torch.optim.SGD(model.head.parameters(), lr=LR)
+sgd_step(model, optimizer)
+model.hidden.requires_grad_(True)  # unfrozen, but the optimizer does not know
+changes = sgd_step(model, optimizer)
+print("unfrozen, not added: hidden.0.weight has a gradient:",
+      model.hidden[0].weight.grad is not None, "| moved", changes[0].abs().max().item())  # fmt: skip
+assert changes[0].abs().max() == 0
+optimizer.add_param_group({"params": model.hidden.parameters(), "lr": LR / 10})
+changes = sgd_step(model, optimizer)
+print(f"after add_param_group: moved {changes[0].abs().max().item():.5f}; lr per group",
+      [g["lr"] for g in optimizer.param_groups])  # fmt: skip
+assert changes[0].abs().max() > 0
+try:
+    optimizer.add_param_group({"params": model.head.parameters()})
+except ValueError as err:
+    print("adding the head twice:", err)
+else:
+    raise AssertionError("a parameter was accepted in two groups")
+
+# %% [markdown]
+# *Try it:* add an `nn.LayerNorm(3)` after the last layer of `net` and see which group its two
+# parameters join; or set the body's learning rate to 0 and check that it never moves.
+#
 # ## `map_location`: where loaded tensors go
 #
 # `torch.save` records, for each tensor, the device it was on, and `torch.load` puts it back
@@ -725,7 +1369,7 @@ print("a tensor already on the device comes back as itself:", y.to("cpu") is y)
 # named tuple. `.to()` exists on tensors and modules only; a dict has none, so each tensor
 # inside must be moved, and the structure rebuilt around them.
 #
-# ## Exercise 3 · `ch05_to_device`: move a nested batch
+# ## Exercise 4 · `ch05_to_device`: move a nested batch
 #
 # Write `to_device(batch, device)` that returns a copy of `batch` with every tensor replaced by
 # `tensor.to(device)`:
@@ -802,15 +1446,31 @@ ch05.check_to_device(to_device, thorough=True)
 #   two names are in the returned `missing_keys`, and nothing else tells you.
 # * **c**: the head is set to zeros.
 # * **d**: nothing is loaded at all, because the checkpoint does not match the model.
+#
+# **Question 4 (`ch05_q_tied_count`).** How many values does `model.parameters()` hold for the
+# model below? Set `tied_count` to a number.
+#
+# ```python
+# class TinyLM(nn.Module):
+#     def __init__(self):
+#         super().__init__()
+#         self.embed = nn.Embedding(100, 16)
+#         self.out = nn.Linear(16, 100)
+#         self.out.weight = self.embed.weight
+#
+# model = TinyLM()
+# ```
 
 # %% nbgrader={"grade_id": "ch05_questions", "solution": true}
 param_count = None
 to_answer = None
 strict_answer = None
+tied_count = None
 ### BEGIN SOLUTION
 param_count = 77
 to_answer = "b"
 strict_answer = "b"
+tied_count = 1700
 ### END SOLUTION
 
 # %% nbgrader={"grade_id": "ch05_q_param_count", "grade": true, "points": 1}
@@ -868,6 +1528,23 @@ check_choice(
 )
 ### END HIDDEN TESTS
 
+# %% nbgrader={"grade_id": "ch05_q_tied_count", "grade": true, "points": 1}
+from forge_course.grading import check_number
+
+check_number(tied_count, "ch05_q_tied_count")
+### BEGIN HIDDEN TESTS
+check_number(
+    tied_count,
+    "ch05_q_tied_count",
+    expected=1700,
+    hints={
+        3300: "the tied weight is one Parameter in two places, and parameters() lists it once.",
+        3200: "the tied weight is listed once, not twice; and out has a bias (100 values).",
+        1600: "nn.Linear has a bias unless bias=False: out adds 100 values of its own.",
+    },
+)
+### END HIDDEN TESTS
+
 # %% [markdown]
 # ## Summary: the lines this chapter taught
 #
@@ -880,12 +1557,29 @@ check_choice(
 # sd = torch.load(path, map_location=device)   # without it, a GPU checkpoint fails on a CPU machine
 # model.to(device)                             # in place: modules move their parameters and buffers
 # x = x.to(device)                             # a new tensor: without `x =`, nothing moved
+# model.apply(init_fn)                         # init_fn on every submodule; nn.init.*_ work in place
+# self.out.weight = self.embed.weight          # tied: listed once, its gradient the sum of both uses
+# model.body.requires_grad_(False)             # frozen: .grad stays None, BatchNorm statistics still move
+# optimizer = torch.optim.AdamW(decay_groups(model, 0.1), lr=lr)  # Exercise 3: none on biases, norms
+# optimizer.param_groups[0]["lr"] = lr         # what a scheduler does before each step
+# optimizer.add_param_group({"params": model.body.parameters(), "lr": lr / 10})  # unfrozen later
 # ```
 #
 # * `parameters()`, `state_dict()` and `.to()` see what `__setattr__` filed in `_parameters`,
 #   `_modules` and `_buffers`. The running example holds 139 values; its plain-list version
 #   showed the optimizer 27, and its hidden layers moved by exactly 0.
 # * Buffers are saved and moved but never optimized; `persistent=False` ones are not saved.
+# * `nn.Linear` starts from $U(\pm 1/\sqrt{\text{fan\_in}})$. Through 10 ReLU layers of width 128
+#   that shrinks the signal by $\sqrt{6}$ a layer until the biases hold it near 0.04;
+#   `kaiming_normal_(nonlinearity="relu")` keeps it near 1, and `normal_(std=0.01)` loses it
+#   (about $10^{-11}$). Seed before building, or give `nn.init` its own generator.
+# * A tied parameter is one object: one entry in `parameters()`, two keys in `state_dict()`,
+#   one `.grad` that sums both uses. `load_state_dict` and `deepcopy` keep the tie; a new
+#   `Parameter`, or `.to()` where the data cannot be swapped in place (`meta`), breaks it.
+# * A frozen parameter is safe because its `.grad` is `None`; a zero `.grad` still gets weight
+#   decay. `eval()` does not freeze, and freezing does not stop BatchNorm's statistics.
+# * Each parameter group has its own settings; a parameter unfrozen after the optimizer was
+#   built moves only once `add_param_group` tells the optimizer about it.
 # * A forward hook sees a module's output; keep a detached copy, and remove the hook.
 # * Every tensor in an operation must be on one device; the error names the line where they
 #   met, not the line that forgot to move one.

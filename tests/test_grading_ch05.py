@@ -208,13 +208,20 @@ def test_calling_the_reference_does_not_score():
         (ch05.check_repair_model, Subclass),
         (ch05.check_activation_recorder, lambda *a: ref.record_activations(*a)),
         (ch05.check_to_device, ref.to_device),
+        (ch05.check_decay_groups, ref.decay_groups),
+        (ch05.check_decay_groups, lambda model, wd: ref.decay_groups(model, wd)),
     ]:
         with pytest.raises(Mistake, match="calls forge_course's reference"):
             check(answer)
 
 
 def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
-    for cases in (ch05.repair_model_cases, ch05.activation_recorder_cases, ch05.to_device_cases):
+    for cases in (
+        ch05.repair_model_cases,
+        ch05.activation_recorder_cases,
+        ch05.to_device_cases,
+        ch05.decay_groups_cases,
+    ):
         monkeypatch.setenv("FORGE_GRADING_SEED", "1")
         first = cases(thorough=True)
         monkeypatch.setenv("FORGE_GRADING_SEED", "2")
@@ -244,3 +251,68 @@ def test_a_recorder_that_calls_the_reference_only_when_the_forward_pass_fails_do
 
     with pytest.raises(Mistake, match="calls forge_course's reference"):
         ch05.check_activation_recorder(falls_back_on_the_reference)
+
+
+# ---------------------------------------------------------------- ch05_decay_groups
+
+
+def decay_groups_by_modules(model, weight_decay):
+    """Module by module, each parameter where it is filed, a set against ties."""
+    seen, decay, no_decay = set(), [], []
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen or not param.requires_grad:
+                continue
+            seen.add(id(param))
+            quiet = name == "bias" or isinstance(module, ref.NORM_TYPES)
+            (no_decay if quiet else decay).append(param)
+    return (
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": iter(no_decay), "weight_decay": 0},
+    )
+
+
+def decay_groups_by_name_sets(model, weight_decay):
+    """Names first, then the parameters: the no-decay set built from norm modules' names."""
+    norms = {name for name, m in model.named_modules() if isinstance(m, ref.NORM_TYPES)}
+    quiet = {
+        name
+        for name, _ in model.named_parameters()
+        if name.endswith(".bias") or name.rpartition(".")[0] in norms
+    }
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [
+        {"params": [p for n, p in trainable if n not in quiet], "weight_decay": weight_decay},
+        {"params": [p for n, p in trainable if n in quiet], "weight_decay": 0.0},
+    ]
+
+
+@pytest.mark.parametrize(
+    "answer", [copied(ref.decay_groups), decay_groups_by_modules, decay_groups_by_name_sets]
+)
+def test_decay_groups_accepts_correct_answers_in_any_style(answer):
+    ch05.check_decay_groups(answer, thorough=True)
+
+
+@pytest.mark.parametrize("message,wrong", ch05.DECAY_MISTAKES, ids=range(5))
+def test_decay_groups_names_each_known_mistake(message, wrong):
+    with pytest.raises(Mistake) as caught:
+        ch05.check_decay_groups(wrong, thorough=True)
+    assert message in str(caught.value)
+
+
+def test_decay_groups_visible_check_catches_the_mistakes_the_chapters_model_shows():
+    for _, wrong in ch05.DECAY_MISTAKES[:3]:
+        with pytest.raises(Mistake):
+            ch05.check_decay_groups(wrong)
+
+
+def test_decay_groups_that_returns_copies_or_a_dict_is_told_so():
+    def copies(model, weight_decay):
+        groups = decay_groups_by_name_sets(model, weight_decay)
+        return [{**g, "params": [p.detach().clone() for p in g["params"]]} for g in groups]
+
+    with pytest.raises(Mistake, match="not one of the model's"):
+        ch05.check_decay_groups(copies)
+    with pytest.raises(Mistake, match="not a list of dicts"):
+        ch05.check_decay_groups(lambda model, wd: {"decay": [], "no_decay": []})

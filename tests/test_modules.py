@@ -13,7 +13,7 @@ from torch.utils import _pytree as pytree
 
 from forge_course.device import available_devices, tolerance
 from forge_course.reference.guard import ReferenceCalled, learner_code
-from forge_course.reference.modules import MLP, record_activations, to_device
+from forge_course.reference.modules import MLP, decay_groups, record_activations, to_device
 
 DEVICES = pytest.mark.parametrize("device", available_devices(), ids=str)
 
@@ -188,3 +188,77 @@ def test_learner_code_may_not_call_the_references():
             MLP([2, 1])
         with pytest.raises(ReferenceCalled):
             record_activations(nn.Linear(2, 1), torch.ones(1, 2), [""])
+        with pytest.raises(ReferenceCalled):
+            decay_groups(nn.Linear(2, 1), 0.1)
+
+
+# ---------------------------------------------------------------- decay_groups
+
+
+def _normed():
+    """Linear, BatchNorm, ReLU, Linear, LayerNorm: weights, biases and norms of two kinds."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3), nn.LayerNorm(3)
+        )
+
+
+def _names(model, params):
+    by_id = {id(p): name for name, p in model.named_parameters()}
+    return [by_id[id(p)] for p in params]
+
+
+def test_weights_decay_and_biases_and_norms_do_not():
+    model = _normed()
+    decay, no_decay = decay_groups(model, 0.1)
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    assert _names(model, decay["params"]) == ["0.weight", "3.weight"]
+    assert _names(model, no_decay["params"]) == [
+        "0.bias", "1.weight", "1.bias", "3.bias", "4.weight", "4.bias",
+    ]  # fmt: skip
+    # 4·8 + 8·3 = 56 values decay; 8 + 8 + 8 + 3 + 3 + 3 = 33 do not.
+    assert sum(p.numel() for p in decay["params"]) == 56
+    assert sum(p.numel() for p in no_decay["params"]) == 33
+
+
+def test_frozen_parameters_are_left_out_and_tied_ones_listed_once():
+    model = _normed()
+    model[0].requires_grad_(False)
+    decay, no_decay = decay_groups(model, 0.1)
+    assert _names(model, decay["params"]) == ["3.weight"]
+    assert "0.bias" not in _names(model, no_decay["params"])
+
+    tied = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    tied[1].weight = tied[0].weight
+    decay, no_decay = decay_groups(tied, 0.1)
+    assert len(decay["params"]) == 1 and decay["params"][0] is tied[0].weight
+    assert no_decay["params"] == []
+    torch.optim.AdamW(decay_groups(tied, 0.1))  # torch refuses a parameter listed twice
+
+
+def test_adamw_over_the_groups_equals_two_optimizers_and_the_hand_formula():
+    lr, wd, eps = 0.01, 0.5, 1e-8
+    models = [_normed() for _ in range(3)]
+    grouped = torch.optim.AdamW(decay_groups(models[0], wd), lr=lr, eps=eps)
+    decay, no_decay = decay_groups(models[1], wd)
+    split = [
+        torch.optim.AdamW(decay["params"], lr=lr, weight_decay=wd, eps=eps),
+        torch.optim.AdamW(no_decay["params"], lr=lr, weight_decay=0.0, eps=eps),
+    ]
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
+    start = [p.detach().clone() for p in models[2].parameters()]
+    for model, optimizers in ((models[0], [grouped]), (models[1], split)):
+        model(x).pow(2).mean().backward()
+        for optimizer in optimizers:
+            optimizer.step()
+    models[2](x).pow(2).mean().backward()
+    for (name, a), b, p0, p in zip(
+        models[0].named_parameters(), models[1].parameters(), start, models[2].parameters()
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        # AdamW's first step: m̂ = g and v̂ = g², so p ← p·(1 − lr·wd) − lr·g / (|g| + eps).
+        decays = name in ("0.weight", "3.weight")
+        g = p.grad
+        hand = p0 * (1 - lr * (wd if decays else 0.0)) - lr * g / (g.abs() + eps)
+        torch.testing.assert_close(a.detach(), hand)

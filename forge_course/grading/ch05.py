@@ -4,8 +4,9 @@ Exercises:
     ch05_repair_model: ``class MLP(nn.Module)`` with its hidden layers registered.
     ch05_activation_recorder: ``record_activations(model, x, layer_names) -> dict``.
     ch05_to_device: ``to_device(batch, device)`` for nested batches.
+    ch05_decay_groups: ``decay_groups(model, weight_decay) -> [decay group, no-decay group]``.
 Questions:
-    ch05_q_param_count, ch05_q_to_semantics, ch05_q_strict_false.
+    ch05_q_param_count, ch05_q_to_semantics, ch05_q_strict_false, ch05_q_tied_count.
 
 The learner half (what builds the inputs and calls the answer) is `forge_course.observe.ch05`.
 Every check can move things to the ``meta`` device: it holds shapes and dtypes but no data, so
@@ -20,14 +21,17 @@ from torch import nn
 from forge_course.device import available_devices
 from forge_course.grading.core import Exercise, grading_seed
 from forge_course.observe.ch05 import (
+    DECAY,
     META,
     RECORDER,
     REPAIR,
     TO_DEVICE,
     label_activation_recorder,
+    label_decay_groups,
     label_repair_model,
     label_to_device,
     observe_activation_recorder,
+    observe_decay_groups,
     observe_repair_model,
     observe_to_device,
 )
@@ -516,4 +520,106 @@ TO_DEVICE_EXERCISE = Exercise(
 )
 check_to_device = TO_DEVICE_EXERCISE.check
 
-EXERCISES = [REPAIR_MODEL, ACTIVATION_RECORDER, TO_DEVICE_EXERCISE]
+
+# ---------------------------------------------------------------- ch05_decay_groups
+
+
+def decay_groups_cases(thorough: bool = False) -> list[dict]:
+    """The chapter's Sequential; thorough: tied weights, a frozen body, other decays."""
+    if not thorough:
+        return [{"model": "chapter", "weight_decay": 0.1, "seed": 0}]
+    seed = grading_seed()
+    return [
+        {"model": model, "weight_decay": round(0.01 * (1 + (seed + j) % 9), 2), "seed": seed + j}
+        for j, model in enumerate(["chapter", "tied", "frozen"])
+    ]
+
+
+def _split(model, weight_decay, no_decay, params=None, no_decay_group=None):
+    """Two groups, with ``no_decay(module, leaf_name)`` deciding; the reference's shape."""
+    decay, rest = [], []
+    for name, param in params if params is not None else model.named_parameters():
+        if not param.requires_grad and params is None:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        (rest if no_decay(model.get_submodule(owner), leaf) else decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        no_decay_group if no_decay_group is not None else {"params": rest, "weight_decay": 0.0},
+    ]
+
+
+def _is_norm(module, leaf):
+    return leaf == "bias" or isinstance(module, ref.NORM_TYPES)
+
+
+def _one_group(model, weight_decay):
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": trainable, "weight_decay": weight_decay}]
+
+
+def _biases_only(model, weight_decay):
+    return _split(model, weight_decay, lambda module, leaf: leaf == "bias")
+
+
+def _frozen_included(model, weight_decay):
+    return _split(model, weight_decay, _is_norm, params=list(model.named_parameters()))
+
+
+def _tied_twice(model, weight_decay):
+    named = [(n, p) for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad]
+    return _split(model, weight_decay, _is_norm, params=named)
+
+
+def _no_decay_unset(model, weight_decay):
+    groups = _split(model, weight_decay, _is_norm)
+    return [groups[0], {"params": groups[1]["params"]}]
+
+
+DECAY_MISTAKES = [
+    (
+        "every parameter is in one group with weight decay. Biases and the parameters of "
+        "normalisation layers go in a second group with `weight_decay` 0.0.",
+        _one_group,
+    ),
+    (
+        "the normalisation layers' weights decay. Decide by the type of the module that holds "
+        "each parameter: every parameter of a module that is an instance of `NORM_TYPES` "
+        "(BatchNorm, LayerNorm, GroupNorm, …) goes without decay, its weight too.",
+        _biases_only,
+    ),
+    (
+        "the no-decay group has no `weight_decay` of its own, so it takes the optimizer's "
+        'default, and AdamW\'s default is 0.01, not 0. Set `"weight_decay": 0.0` in that group.',
+        _no_decay_unset,
+    ),
+    (
+        "frozen parameters (`requires_grad=False`) are in the groups. Leave them out: the "
+        "optimizer has nothing to do with them, and a stale zero `.grad` would let weight "
+        "decay move them.",
+        _frozen_included,
+    ),
+    (
+        "a tied parameter is listed twice: `named_parameters(remove_duplicate=False)` names "
+        "every place it sits, and AdamW warns about a group with duplicate parameters. Use "
+        "`model.named_parameters()`, which gives each parameter once.",
+        _tied_twice,
+    ),
+]
+
+DECAY_GROUPS = Exercise(
+    grade_id=DECAY,
+    function="decay_groups",
+    reference=ref.decay_groups.__wrapped__,
+    cases=decay_groups_cases,
+    observe=observe_decay_groups,
+    label=label_decay_groups,
+    mistakes=DECAY_MISTAKES,
+    hint="walk `model.named_parameters()`, skip frozen ones, put each bias and every "
+    "parameter of a `NORM_TYPES` module in the second group, and return "
+    '`[{"params": decay, "weight_decay": weight_decay}, '
+    '{"params": no_decay, "weight_decay": 0.0}]`.',
+)
+check_decay_groups = DECAY_GROUPS.check
+
+EXERCISES = [REPAIR_MODEL, ACTIVATION_RECORDER, TO_DEVICE_EXERCISE, DECAY_GROUPS]

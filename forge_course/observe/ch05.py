@@ -7,6 +7,7 @@ so on a machine with only a CPU it still shows whether something moved.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import namedtuple
 
 import numpy as np
@@ -19,6 +20,7 @@ from forge_course.observe.common import Mistake, call_answer
 
 META = "meta"
 REPAIR, RECORDER, TO_DEVICE = "ch05_repair_model", "ch05_activation_recorder", "ch05_to_device"
+DECAY = "ch05_decay_groups"
 
 
 def _attempt(grade_id: str, name: str, fn, *args, case: str = ""):
@@ -319,4 +321,109 @@ def observe_to_device(fn, case: dict) -> dict:
     seen: dict = {}
     _describe(result, "batch", "in the result", seen)
     _describe(batch, "batch", "as passed in, afterwards", seen)
+    return seen
+
+
+# ---------------------------------------------------------------- ch05_decay_groups
+
+
+class _TinyLM(nn.Module):
+    """An embedding tied to the output layer, a block with a LayerNorm, a final LayerNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(12, 6)
+        self.block = nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.ReLU())
+        self.norm = nn.LayerNorm(6)
+        self.out = nn.Linear(6, 12, bias=False)
+        self.out.weight = self.embed.weight
+
+
+class _FineTune(nn.Module):
+    """A frozen convolutional body (with a GroupNorm), a trainable head with a BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv1d(2, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Conv1d(4, 4, 3, bias=False)
+        ).requires_grad_(False)
+        self.head = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+
+
+_DECAY_MODELS = {
+    "chapter": (
+        "Sequential(Linear, BatchNorm1d, ReLU, Linear)",
+        lambda: nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)),
+    ),
+    "tied": ("a small language model with tied embedding and output weights", _TinyLM),
+    "frozen": ("a frozen convolutional body and a trainable head", _FineTune),
+}
+
+
+def label_decay_groups(case: dict) -> str:
+    return f"{_DECAY_MODELS[case['model']][0]}, weight_decay={case['weight_decay']}"
+
+
+def _as_list(params) -> list:
+    """A group's ``params`` as torch reads them: one tensor, or any iterable of them."""
+    return [params] if isinstance(params, torch.Tensor) else list(params)
+
+
+def _accepted_by_adamw(groups: list[dict]) -> str:
+    """What ``torch.optim.AdamW(groups)`` says: "yes", or its error or warning."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            torch.optim.AdamW(groups, lr=1e-3)
+        except Exception as err:  # noqa: BLE001  (what it raises is the observation)
+            return f"no: {type(err).__name__}: {err}"
+    if caught:
+        return f"it warns: {caught[0].message}"
+    return "yes"
+
+
+def observe_decay_groups(fn, case: dict) -> dict:
+    """Each group's parameters (by name, in any order) and decay; whether AdamW takes them."""
+    label = label_decay_groups(case)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(case["seed"])
+        model = _DECAY_MODELS[case["model"]][1]()
+    places: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        places.setdefault(id(param), []).append(name)
+
+    groups = call_answer(DECAY, "decay_groups", fn, model, case["weight_decay"], case=label)
+    keys = [
+        f"group {i}: its {what}" for i in range(2) for what in ("parameters", "weight_decay")
+    ] + ["torch.optim.AdamW(groups) accepts them"]
+    frozen = "the parameters with requires_grad=False afterwards"
+    seen: dict = dict.fromkeys(keys, "not compared: there is no list of groups to look at")
+    seen[frozen] = sorted(name for name, p in model.named_parameters() if not p.requires_grad)
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, dict) for g in groups):
+        return {
+            "what decay_groups returns": f"a {type(groups).__name__}, not a list of dicts"
+        } | seen
+    if not all("params" in g for g in groups):
+        return {"what decay_groups returns": "a group without a 'params' key"} | seen
+    groups = [{**g, "params": _as_list(g["params"])} for g in groups]
+    count = f"{len(groups)} group" + ("" if len(groups) == 1 else "s")
+    seen = {"what decay_groups returns": f"a list of {count}"} | {
+        **dict.fromkeys(keys, "no such group"),
+        frozen: seen[frozen],
+    }
+    for i, group in enumerate(groups[:2]):
+        names = []
+        for param in group["params"]:
+            where = places.get(id(param))
+            names.append(" = ".join(where) if where else "a tensor that is not one of the model's")
+        seen[f"group {i}: its parameters"] = sorted(names)  # in any order
+        decay = group.get("weight_decay")
+        if "weight_decay" not in group:
+            decay = "not set: the optimizer's own default applies (AdamW's is 0.01)"
+        elif isinstance(decay, (int, float)) and not isinstance(decay, bool):
+            decay = float(decay)
+        else:
+            decay = f"the {type(decay).__name__} {decay!r}"
+        seen[f"group {i}: its weight_decay"] = decay
+    seen["torch.optim.AdamW(groups) accepts them"] = _accepted_by_adamw(groups)
     return seen

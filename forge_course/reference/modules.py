@@ -7,7 +7,7 @@ ordinary attribute that no Module method looks at. ``parameters()``, ``state_dic
 ``train()``/``eval()`` and the optimizer built from ``parameters()`` only ever walk those three
 dictionaries, recursively.
 
-Three answers live here:
+Four answers live here:
 
 - `MLP`: a multi-layer perceptron whose hidden layers sit in an ``nn.ModuleList``, so they are
   registered: the repair of the same model written with a plain Python list.
@@ -15,6 +15,9 @@ Three answers live here:
   of the model, removed again whatever happens.
 - `to_device`: ``.to(device)`` applied to every tensor of a nested batch (dicts, lists, tuples,
   named tuples), leaving everything else as it is.
+- `decay_groups`: a model's trainable parameters split into two optimizer parameter groups,
+  weight decay for the weights of layers that multiply, none for biases and normalisation
+  layers.
 """
 
 from __future__ import annotations
@@ -27,7 +30,17 @@ from torch import nn
 
 from forge_course.reference.guard import reference
 
-__all__ = ["MLP", "record_activations", "to_device"]
+__all__ = ["MLP", "NORM_TYPES", "decay_groups", "record_activations", "to_device"]
+
+# The layers whose parameters scale and shift a normalised signal: decaying them towards 0
+# would push the normalised output towards 0, which no one wants.
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,  # BatchNorm1d/2d/3d, SyncBatchNorm, InstanceNorm1d/2d/3d
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+    *([nn.RMSNorm] if hasattr(nn, "RMSNorm") else []),  # torch 2.4 and later
+)
 
 
 @reference
@@ -125,3 +138,40 @@ def to_device(batch: Any, device: torch.device | str) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(value, device) for value in batch)
     return batch  # a str is a sequence too, but of strs: recursing into it would never end
+
+
+@reference
+def decay_groups(
+    model: nn.Module, weight_decay: float, norm_types: tuple[type[nn.Module], ...] = NORM_TYPES
+) -> list[dict[str, Any]]:
+    """Two parameter groups for an optimizer: with weight decay, and without.
+
+    Args:
+        model: any module.
+        weight_decay: the decay of the first group (the second has ``0.0``).
+        norm_types: modules all of whose parameters go without decay.
+
+    Returns:
+        ``[{"params": decay, "weight_decay": weight_decay}, {"params": no_decay,
+        "weight_decay": 0.0}]``, ready for ``torch.optim.AdamW(groups, lr=...)``. ``no_decay``
+        holds every parameter named ``bias`` and every parameter of a ``norm_types`` module;
+        ``decay`` holds the rest (the weights of ``Linear``, ``Conv``, ``Embedding``, …). Only
+        parameters with ``requires_grad`` are listed: frozen ones stay out of the optimizer.
+        Each parameter appears once, even when it is tied into several places (the first place
+        ``model.named_parameters()`` finds it decides its group), and in the order of
+        ``model.parameters()``, so the optimizer's ``state_dict`` numbers them the same way on
+        every run.
+    """
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():  # each parameter once, where it is first found
+        if not param.requires_grad:
+            continue
+        owner_name, _, leaf = name.rpartition(".")
+        if leaf == "bias" or isinstance(model.get_submodule(owner_name), norm_types):
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]

@@ -194,6 +194,48 @@ def to_device(batch, device):
     return batch
 """
 
+DECAY_ONE_GROUP = """
+def decay_groups(model, weight_decay):
+    return [{"params": [p for p in model.parameters() if p.requires_grad],
+             "weight_decay": weight_decay}]
+"""
+
+DECAY_BIASES_ONLY = """
+def decay_groups(model, weight_decay):
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and n[-4:] != "bias"]
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and n[-4:] == "bias"]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+"""
+
+DECAY_NO_DECAY_UNSET = """
+def decay_groups(model, weight_decay):
+    decay, rest = [], []
+    for name, p in model.named_parameters():
+        owner = model.get_submodule(name.rpartition(".")[0])
+        if p.requires_grad:
+            quiet = name.endswith("bias") or isinstance(owner, NORM_TYPES)
+            (rest if quiet else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest}]
+"""
+
+DECAY_BY_MODULES = """
+def decay_groups(model, weight_decay):
+    seen, decay, no_decay = set(), [], []
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen or not param.requires_grad:
+                continue
+            seen.add(id(param))
+            if name == "bias" or isinstance(module, NORM_TYPES):
+                no_decay.append(param)
+            else:
+                decay.append(param)
+    return (
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0},
+    )
+"""
+
 # For each solution cell: the wrong answers, each with the test cells it must fail and a phrase
 # their feedback must contain. Submission k takes the k-th wrong answer of every cell.
 WRONG = {
@@ -218,21 +260,28 @@ WRONG = {
         (TO_DEVICE_PLAIN_TUPLES, {"ch05_to_device_tests": "came back as a plain tuple"}),
         (TO_DEVICE_IN_PLACE, {"ch05_to_device_tests": "changed the caller's batch in place"}),
     ],
+    "ch05_decay_groups": [
+        (DECAY_ONE_GROUP, {"ch05_decay_groups_tests": "every parameter is in one group"}),
+        (DECAY_BIASES_ONLY, {"ch05_decay_groups_tests": "the normalisation layers' weights decay"}),
+        (DECAY_NO_DECAY_UNSET, {"ch05_decay_groups_tests": "AdamW's default is 0.01"}),
+    ],
     "ch05_questions": [
         (
-            "param_count = 88\nto_answer = 'a'\nstrict_answer = 'a'\n",
+            "param_count = 88\nto_answer = 'a'\nstrict_answer = 'a'\ntied_count = 3300\n",
             {
                 "ch05_q_param_count": "are buffers: in state_dict()",
                 "ch05_q_to_semantics": "does not change x",
                 "ch05_q_strict_false": "strict=True, does",
+                "ch05_q_tied_count": "parameters() lists it once",
             },
         ),
         (
-            "param_count = 67\nto_answer = 'c'\nstrict_answer = 'c'\n",
+            "param_count = 67\nto_answer = 'c'\nstrict_answer = 'c'\ntied_count = 1600\n",
             {
                 "ch05_q_param_count": "has parameters too",
                 "ch05_q_to_semantics": "works in place",
                 "ch05_q_strict_false": "never invents any",
+                "ch05_q_tied_count": "has a bias unless bias=False",
             },
         ),
     ],
@@ -243,13 +292,17 @@ ALTERNATIVE = {
     "ch05_repair_model": REPAIR_APPEND_LOOP,
     "ch05_activation_recorder": RECORDER_EXIT_STACK,
     "ch05_to_device": TO_DEVICE_LOOPS,
-    "ch05_questions": "param_count = 77.0\nto_answer = ' B '\nstrict_answer = 'B'\n",
+    "ch05_decay_groups": DECAY_BY_MODULES,
+    "ch05_questions": (
+        "param_count = 77.0\nto_answer = ' B '\nstrict_answer = 'B'\ntied_count = 1700.0\n"
+    ),
 }
 
 # Answers that call the reference instead of answering: no marks.
 REFERENCE_CALLER = {
     "ch05_repair_model": "from forge_course.reference.modules import MLP\n",
     "ch05_activation_recorder": "from forge_course.reference.modules import record_activations\n",
+    "ch05_decay_groups": "from forge_course.reference.modules import decay_groups\n",
     "ch05_to_device": (
         "import forge_course.reference.modules as ref\n\n"
         "def to_device(batch, device):\n    return ref.to_device(batch, device)\n"
