@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import sysconfig
 
 USAGE = """usage: forge-course COMMAND [ARGS]
 
@@ -23,7 +25,18 @@ commands:
 """
 
 
+def with_own_scripts_on_path() -> None:
+    """Put this Python's scripts folder first on ``PATH``: nbgrader starts `alembic` by name to
+    create a gradebook, which fails where the venv is not activated (`.venv/bin/forge-course
+    release` on a fresh clone, a pip-only set-up on Windows)."""
+    scripts = sysconfig.get_path("scripts")
+    path = os.environ.get("PATH", "")
+    if scripts not in path.split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join(filter(None, [scripts, path]))
+
+
 def main(argv: list[str] | None = None) -> int:
+    with_own_scripts_on_path()
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in {"-h", "--help", "help"}:
         print(USAGE)

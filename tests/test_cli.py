@@ -1,5 +1,6 @@
 """The `forge-course` command, as a learner meets it."""
 
+import os
 import subprocess
 import sys
 
@@ -35,3 +36,20 @@ def test_check_on_a_fresh_release_reports_every_exercise_unanswered():
     assert "FAIL" in run.stdout and "PASS" not in run.stdout
     assert "not written yet" in run.stdout or "No answer yet" in run.stdout
     assert "0 of" in run.stdout
+
+
+def test_a_gradebook_is_created_where_the_venv_is_not_activated(tmp_path):
+    """nbgrader runs `alembic` by name for a new gradebook: `forge-course` finds its own."""
+    create = (
+        "import sys\n"
+        "from forge_course import cli\n"
+        "if sys.argv[1] == 'cli': cli.main(['--help'])\n"
+        "from nbgrader.api import Gradebook\n"
+        "Gradebook('sqlite:///' + sys.argv[2]).close()\n"
+    )
+    bare = {**os.environ, "PATH": "/usr/bin:/bin"}
+    for how in ("plain", "cli"):
+        db = tmp_path / f"{how}.db"
+        run = subprocess.run([sys.executable, "-c", create, how, str(db)], env=bare,
+                             capture_output=True, text=True)  # fmt: skip
+        assert (run.returncode == 0) == (how == "cli"), run.stderr[-500:]
