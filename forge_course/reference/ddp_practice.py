@@ -19,10 +19,12 @@ Four habits a real data-parallel run needs, each shown on the tiny run of
   ``TORCHELASTIC_RESTART_COUNT``); the restarted run ends with the same bits as one that never
   crashed.
 
-Run them all in one launch (FSDP2 from `forge_course.reference.fsdp` too, on the first attempt)::
+Run them all in one launch, with the DDP demo of `forge_course.reference.ddp` and FSDP2 from
+`forge_course.reference.fsdp` on the first attempt (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``:
+without it a restarted gloo group of torch 2.13 failed to connect, or hung, in every try)::
 
-    torchrun --standalone --nproc_per_node=2 --max-restarts=1 \\
-        -m forge_course.reference.ddp_practice --out-dir /tmp/practice
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=2 \\
+        --max-restarts=1 -m forge_course.reference.ddp_practice --out-dir /tmp/practice
 
 Rank 0 writes ``practice.json`` (first attempt) and ``resume.json`` (the attempt that finishes).
 """
@@ -54,7 +56,15 @@ from forge_course.reference.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from forge_course.reference.ddp import GLOBAL_BATCH, LR, SEED, make_dataset, make_model, train
+from forge_course.reference.ddp import (
+    GLOBAL_BATCH,
+    LR,
+    SEED,
+    ddp_worker,
+    make_dataset,
+    make_model,
+    train,
+)
 
 __all__ = [
     "accumulate",
@@ -369,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if attempt == 0:
             parts = {
+                "ddp": lambda: ddp_worker(rank, world_size, timeout_s=TIMEOUT_S),
                 "accumulate": lambda: accumulate(rank, world_size, args.micro_batches),
                 "checkpoint": lambda: checkpoint_on_rank0(rank, world_size, out),
                 "evaluate": lambda: evaluate_without_duplicates(

@@ -87,8 +87,9 @@ def fsdp_demo(rank: int, world_size: int, folder: str | os.PathLike) -> dict[str
         ``shapes``: each parameter's full and local shape on rank 0; ``bytes``: per rank, the
         bytes of weights, gradients and momentum it holds after training; ``n_params``;
         ``max_abs_diff_ddp``: the full weights against DDP's on the same ranks;
-        ``files``: the checkpoint's files and sizes; ``loaded_equal``: a fresh sharded model
-        and optimizer loaded from it hold every rank's shards bit for bit.
+        ``files``: the checkpoint's files and sizes, ``entries``: the names of what each file
+        holds, ``chunks_of_0.weight``: the rows of each piece; ``loaded_equal``: a fresh
+        sharded model and optimizer loaded from it hold every rank's shards bit for bit.
     """
     folder = Path(folder)
     mesh = init_device_mesh("cpu", (world_size,))
@@ -126,6 +127,10 @@ def fsdp_demo(rank: int, world_size: int, folder: str | os.PathLike) -> dict[str
         {"offsets": list(chunk.offsets), "sizes": list(chunk.sizes)}
         for chunk in metadata.state_dict_metadata["model.0.weight"].chunks
     ]
+    # Which file holds what: each rank's rows, and every replicated value once, in one file.
+    entries: dict[str, list[str]] = {}
+    for index, where in metadata.storage_data.items():
+        entries.setdefault(where.relative_path, []).append(index.fqn)
 
     fresh = shard_model(make_model(seed=100 + rank), mesh)
     fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=LR, momentum=0.9)
@@ -153,5 +158,6 @@ def fsdp_demo(rank: int, world_size: int, folder: str | os.PathLike) -> dict[str
         "max_abs_diff_ddp": diff,
         "files": files,
         "chunks_of_0.weight": chunks,
+        "entries": {name: sorted(fqns) for name, fqns in sorted(entries.items())},
         "loaded_equal": bool(flags.item()),
     }
