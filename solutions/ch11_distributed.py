@@ -340,13 +340,14 @@ assert real == simulated
 # of 16, split 8 + 8 by `DistributedSampler`, and compares each rank's weights with one process
 # trained on the whole batch of 16.
 #
-# The next cell launches it as you would from a shell. Starting processes is what costs seconds
-# here (each one imports torch), so this one launch also runs everything else this chapter
-# runs under torchrun: the module `forge_course.reference.ddp_practice` runs the DDP demo on
-# its ranks first, then the practice of the section "DDP in practice" below, which includes a
-# worker that crashes on purpose; hence `--max-restarts=1` and an environment variable, both
-# explained there. The launcher runs in its own process group, so on a timeout it is stopped
-# together with its ranks.
+# From a shell, the demo alone is `torchrun --standalone --nproc_per_node=2 -m
+# forge_course.reference.ddp`. Starting processes is what costs seconds here (each one imports
+# torch), so the next cell launches, once, everything this chapter runs under torchrun: the
+# module `forge_course.reference.ddp_practice` runs the DDP demo on its ranks first, then the
+# practice of the section "DDP in practice" below, which includes a worker that crashes on
+# purpose; hence `--max-restarts=1` and an environment variable, both explained there. The
+# launcher runs in its own process group, so on a timeout it is stopped together with its
+# ranks.
 
 
 # %%
@@ -592,8 +593,9 @@ assert acc["max_abs_diff_whole_batch"] <= 1e-6 * acc["largest_gradient"]
 #   or to `f"cuda:{local_rank}"`.
 # * **`module.`** The wrapper holds the model as its attribute `module`, so `ddp.state_dict()`
 #   names every key `module.…`, and a bare model refuses it. Save `ddp.module.state_dict()`;
-#   for a file already saved with the prefix, `torch.nn.modules.utils.
-#   consume_prefix_in_state_dict_if_present(state, "module.")` strips it in place.
+#   for a file already saved with the prefix,
+#   `consume_prefix_in_state_dict_if_present(state, "module.")` (in `torch.nn.modules.utils`)
+#   strips it in place.
 #
 # In the launch every rank trained, rank 0 saved, and each rank then built a fresh model from a
 # different seed (`100 + rank`) and loaded the file into it.
@@ -627,8 +629,10 @@ assert ckpt["equal_to_trained"]
 #   This also gives per-example results, in order, for error analysis.
 #
 # (A third: give each rank an unpadded slice, `Subset(dataset, range(rank, n, world_size))`,
-# and all-reduce sums and counts; the ranks then run different numbers of batches, which is
-# fine for evaluation and never for DDP training.)
+# and all-reduce sums and counts. The ranks then run different numbers of batches: fine for an
+# evaluation with no collective inside its loop, but not for DDP training, where a rank with
+# one batch more waits in an all-reduce its peers never join; DDP's `join()` context manager
+# exists for that case.)
 
 # %%
 ev = practice["evaluate"]
@@ -642,8 +646,8 @@ assert ev["naive"]["accuracy"] == 4 / 12 and single["accuracy"] == 4 / 11
 for way in ("masked", "gathered"):
     assert ev[way]["examples"] == 11 and ev[way]["accuracy"] == single["accuracy"]
     assert abs(ev[way]["loss"] - single["loss"]) <= ev["per_example_max_diff"]
-print(f"one example's float32 loss, from a batch of 4 or of 11: up to "
-      f"{ev['per_example_max_diff']:.1e} apart")  # fmt: skip
+print(f"one example's float32 loss, from the ranks' batches (4 and 2) or from one batch of 11: "
+      f"up to {ev['per_example_max_diff']:.1e} apart")  # fmt: skip
 
 # The mask, checked on the sampler of the set_epoch cell (10 examples, 4 ranks):
 from forge_course.reference.ddp_practice import padded_positions
@@ -709,8 +713,8 @@ assert resume["equal_to_uncrashed"] and resume["ranks_identical"]
 # %% [markdown]
 # The restarted attempt loaded the checkpoint of step 4, ran steps 5 and 6, and ended with the
 # uncrashed run's weights **bit for bit**: same weights, same momentum, same batches, the same
-# arithmetic. Checkpoint often enough that the work lost per crash is small next to the time
-# a save takes; on many GPUs a restart also costs the start-up of every process.
+# arithmetic. How often to save is a trade: every save costs time, and every crash loses the
+# steps since the last save, plus, on many GPUs, the start-up of every process.
 #
 # *Try it:* change `"--max-restarts=1"` to `"--max-restarts=0"` in the torchrun cell and run it:
 # torchrun gives up after the first crash, `launch` raises, and torchrun's report at the end
@@ -764,8 +768,9 @@ assert scaled_lr == 0.8 and lrs == [0.16, 0.32, 0.48, 0.64, 0.8, 0.8, 0.8]
 #
 # DDP copies everything to every rank. In fp32 with Adam, each parameter costs 4 bytes for the
 # weight, 4 for its gradient and 8 for Adam's two moments: 16 bytes, on **every** rank. ZeRO
-# (DeepSpeed) and FSDP (PyTorch's `FullyShardedDataParallel`) cut that by *sharding*: each rank
-# keeps only $1/N$ of some of these, and the collectives fetch the rest when needed:
+# (DeepSpeed) and FSDP (PyTorch's `FullyShardedDataParallel`, and its successor `fully_shard`,
+# "FSDP2") cut that by *sharding*: each rank keeps only $1/N$ of some of these, and the
+# collectives fetch the rest when needed:
 #
 # | stage | sharded over the $N$ ranks | bytes per parameter per rank |
 # | --- | --- | --- |
@@ -782,9 +787,10 @@ assert scaled_lr == 0.8 and lrs == [0.16, 0.32, 0.48, 0.64, 0.8, 0.8, 0.8]
 # * stage 3: $0.5 + 0.5 + 1 = 2$ GB.
 #
 # Stage 3 pays for it in traffic: the parameters of each layer are all-gathered before its
-# forward and again before its backward, about 1.5 times DDP's communication. None of these
-# numbers include activations, which are often the largest part (chapter 10). The 8 bytes of
-# Adam state are measured in the next cell on a small model; the rest is arithmetic.
+# forward and again before its backward, about 1.5 times DDP's communication, and while a
+# layer runs its full weights are there too. None of these numbers include activations, which
+# are often the largest part (chapter 10). The 8 bytes of Adam state are measured in the next
+# cell on a small model, and stage 3's sharding on a real FSDP2 run after the calculator.
 
 # %%
 from forge_course.reference.collectives import memory_per_rank
