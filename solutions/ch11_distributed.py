@@ -6,7 +6,8 @@
 # on its own slice of the batch, and makes them end every step with the same weights. This
 # chapter shows the one collective that makes that work, all-reduce, by hand and in a
 # simulation; then launches real processes on this CPU and checks that two of them end where
-# one process on the whole batch ends.
+# one process on the whole batch ends, and that what a real run adds (accumulation,
+# checkpoints, evaluation, a restart after a crash, FSDP2's sharding) keeps them right.
 #
 # **By the end of this chapter you can:**
 #
@@ -26,7 +27,7 @@
 # %%
 # Settings for this chapter: change them and run the notebook again.
 SEED = 0  # every random number below follows from this seed
-WORLD_SIZE = 2  # processes started by torchrun: 2 small CPU processes, ~310 MB each
+WORLD_SIZE = 2  # processes started by torchrun: 2 small CPU processes, ~360 MB each
 LAUNCH_TIMEOUT_S = 120  # a distributed run that takes longer than this is stopped
 
 import json
@@ -566,8 +567,9 @@ assert acc["max_abs_diff_whole_batch"] <= 1e-6 * acc["largest_gradient"]
 
 # %% [markdown]
 # The gradients agree to float32 rounding, not bit for bit: the additions happen in another
-# order (per rank first, then across ranks). On GPUs the saving is real time: $k - 1$ fewer
-# all-reduces of the whole gradient per step.
+# order (per rank first, then across ranks). On GPUs that saves $k - 1$ all-reduces of the
+# whole gradient per optimizer step. *Not timed here: the time saved depends on the gradient's
+# size and the network between the GPUs, which a 49-parameter model on one CPU cannot show.*
 #
 # *Try it:* run the torchrun cell with `"--micro-batches", "8"` added at the end of its command
 # (a rank's 8 examples one at a time), then this cell: the counts become 8 and 1.
