@@ -74,7 +74,7 @@ COSTS = {
     "test_grader_boundary.py": 18,  # 8 tests, 141 s together
     "test_grader_instruments.py": 50,
     "test_grading_ch11.py": 20,
-    "test_ddp_practice.py": 2,  # 13 tests, one torchrun launch with a restart for all (~25 s)
+    "test_ddp_practice.py": 2,  # 14 tests, one torchrun launch with a restart for all (~25 s)
     "test_observe_boundary.py::test_a_worker": 15,
     "test_cli.py::test_check_on_a_fresh_release": 15,
     "test_figures.py::test_every_figure_a_chapter": 8,

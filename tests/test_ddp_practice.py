@@ -100,3 +100,11 @@ def test_fsdp2_shards_by_rows_matches_ddp_and_reloads(launched):
         {"offsets": [0, 0], "sizes": [4, 4]},
         {"offsets": [4, 0], "sizes": [4, 4]},
     ]
+
+
+@pytest.mark.slow
+def test_the_ddp_demo_runs_on_the_launchs_own_group(launched):
+    # ddp_worker joins no group of its own when its caller has one, and leaves that group be.
+    summary = launched[0]["ddp"]
+    assert summary["ok"] and summary["ranks_identical"] and summary["backend"] == "gloo"
+    assert summary["max_abs_diff"] <= 1e-6 and summary["world_size"] == 2
