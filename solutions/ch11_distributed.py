@@ -526,7 +526,7 @@ print(f"{len(sampler)} examples per rank: 10 padded to 12 by repeating 2")
 # The launch in the torchrun section above ran all four, and the FSDP2 run of the memory
 # section below, on its gloo ranks (`forge_course.reference.ddp_practice`). On its first
 # attempt each rank ran the DDP demo, parts 1–3 and FSDP2, then trained 6 steps with a
-# checkpoint after each, and rank 1 raised before step 4. `--max-restarts=1` let torchrun start
+# checkpoint after each, and rank 1 raised after step 4. `--max-restarts=1` let torchrun start
 # the whole group once more; the second attempt found `TORCHELASTIC_RESTART_COUNT=1` in its
 # environment, skipped the demonstrations, loaded the newest checkpoint and finished.
 

@@ -41,7 +41,7 @@ def launched(tmp_path_factory):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert left_behind == []
-    assert "rank 1 crashes on purpose before step 4" in done.stderr
+    assert "rank 1 crashes on purpose after step 4" in done.stderr
     return (
         json.loads((out / "practice.json").read_text()),
         json.loads((out / "resume.json").read_text()),

@@ -11,11 +11,12 @@ Four habits a real data-parallel run needs, each shown on the tiny run of
   ``map_location``; ``ddp.state_dict()`` names every key ``module.…``, which a bare model refuses.
 * `evaluate_without_duplicates`: `DistributedSampler` pads the data to a multiple of the world
   size by repeating examples; summing per-rank results counts those twice. Masking the padded
-  positions, or gathering ``(index, value)`` pairs and keeping each index once, gives exactly
-  the single-process numbers.
+  positions, or gathering ``(index, value)`` pairs and keeping each index once, gives the
+  single process's accuracy exactly, and its mean loss up to how a float32 example's loss
+  depends on the batch it was computed in.
 * `resumable_training`: a run that saves a checkpoint after every step (rank 0, barrier) and,
-  started again by ``torchrun --max-restarts``, resumes from the newest one. Rank 1 crashes at a
-  given step on the first attempt only (torchrun counts attempts in
+  started again by ``torchrun --max-restarts``, resumes from the newest one. Rank 1 crashes after
+  a given step on the first attempt only (torchrun counts attempts in
   ``TORCHELASTIC_RESTART_COUNT``); the restarted run ends with the same bits as one that never
   crashed.
 
@@ -77,7 +78,7 @@ __all__ = [
 TIMEOUT_S = 30  # seconds a collective waits for a peer before failing instead of hanging
 EVAL_EXAMPLES = 11  # an odd number: 2 ranks cannot split it without padding
 EPOCHS, STEPS_PER_EPOCH = 3, 2  # the resumable run: 6 optimizer steps
-CRASH_AT_STEP = 4  # rank 1 crashes before this step on the first attempt
+CRASH_AFTER_STEPS = 4  # rank 1 crashes once this many steps are done, on the first attempt
 
 
 def _flat(tensors) -> torch.Tensor:
@@ -299,7 +300,7 @@ def resumable_training(
     rank: int,
     world_size: int,
     folder: str | os.PathLike,
-    crash_at_step: int | None = None,
+    crash_after_steps: int | None = None,
     epochs: int = EPOCHS,
     steps_per_epoch: int = STEPS_PER_EPOCH,
 ) -> dict[str, Any]:
@@ -309,8 +310,8 @@ def resumable_training(
     ``ddp.module``, the optimizer's momentum, the step) is written by rank 0 after every step,
     followed by a barrier. On start every rank loads the newest one, if there is one, and skips
     the batches its steps covered; the sampler's order depends only on ``seed + epoch``, so the
-    remaining batches are the ones the first run would have seen. Rank 1 raises before step
-    ``crash_at_step`` if it is given.
+    remaining batches are the ones the first run would have seen. Rank 1 raises once
+    ``crash_after_steps`` steps are done (and saved), if it is given.
 
     Returns:
         ``{"resumed_from_step", "steps", "weights": bare state_dict on the CPU,
@@ -333,8 +334,8 @@ def resumable_training(
         for batch, (x, y) in enumerate(loader):
             if epoch * steps_per_epoch + batch < step:
                 continue  # done before the restart
-            if step == crash_at_step and rank == 1:
-                raise RuntimeError(f"rank 1 crashes on purpose before step {step}")
+            if step == crash_after_steps and rank == 1:
+                raise RuntimeError(f"rank 1 crashes on purpose after step {step}")
             optimizer.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", required=True, help="folder for results and checkpoints")
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--eval-examples", type=int, default=EVAL_EXAMPLES)
-    parser.add_argument("--crash-at-step", type=int, default=CRASH_AT_STEP)
+    parser.add_argument("--crash-after-steps", type=int, default=CRASH_AFTER_STEPS)
     parser.add_argument("--no-fsdp", action="store_true", help="skip the FSDP2 part")
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
@@ -400,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
                 torch.save(uncrashed, out / "uncrashed.pt")
                 _write_json(out / "practice.json", practice)
             dist.barrier()
-        crash = args.crash_at_step if attempt == 0 else None
-        run = resumable_training(rank, world_size, out / "resumable", crash_at_step=crash)
+        crash = args.crash_after_steps if attempt == 0 else None
+        run = resumable_training(rank, world_size, out / "resumable", crash_after_steps=crash)
         if rank == 0:
             uncrashed = torch.load(out / "uncrashed.pt", weights_only=True)
             equal = all(torch.equal(run["weights"][k], uncrashed[k]) for k in uncrashed)
