@@ -6,7 +6,8 @@
 # on its own slice of the batch, and makes them end every step with the same weights. This
 # chapter shows the one collective that makes that work, all-reduce, by hand and in a
 # simulation; then launches real processes on this CPU and checks that two of them end where
-# one process on the whole batch ends.
+# one process on the whole batch ends, and that what a real run adds (accumulation,
+# checkpoints, evaluation, a restart after a crash, FSDP2's sharding) keeps them right.
 #
 # **By the end of this chapter you can:**
 #
@@ -16,13 +17,17 @@
 #    per worker) and simulate one, chunk by chunk;
 # 3. launch DDP with `torchrun` (gloo on a CPU, NCCL on GPUs), write a DDP worker, and say why
 #    its weights match one process to about 1e-7 but not bit for bit;
-# 4. work out the memory per rank of DDP and of ZeRO / FSDP stages 1–3, and say when
-#    `SyncBatchNorm` and learning-rate scaling matter.
+# 4. accumulate gradients with `no_sync`, checkpoint from rank 0 behind a barrier, evaluate
+#    without counting the sampler's padding twice, and resume after a crash under
+#    `torchrun --max-restarts`;
+# 5. work out the memory per rank of DDP and of ZeRO / FSDP stages 1–3, measure it on an FSDP2
+#    (`fully_shard`) run with a sharded checkpoint, and say when `SyncBatchNorm` and
+#    learning-rate scaling matter.
 
 # %%
 # Settings for this chapter: change them and run the notebook again.
 SEED = 0  # every random number below follows from this seed
-WORLD_SIZE = 2  # processes started by torchrun: 2 small CPU processes, ~310 MB each
+WORLD_SIZE = 2  # processes started by torchrun: 2 small CPU processes, ~360 MB each
 LAUNCH_TIMEOUT_S = 120  # a distributed run that takes longer than this is stopped
 
 import json
@@ -334,16 +339,27 @@ assert real == simulated
 #
 # `forge_course.reference.ddp` trains a tiny MLP (4 → 8 → 1) for 3 SGD steps on a global batch
 # of 16, split 8 + 8 by `DistributedSampler`, and compares each rank's weights with one process
-# trained on the whole batch of 16. The next cell launches it as you would from a shell; the
-# launcher runs in its own process group, so on a timeout it is stopped together with its ranks.
+# trained on the whole batch of 16.
+#
+# From a shell, the demo alone is `torchrun --standalone --nproc_per_node=2 -m
+# forge_course.reference.ddp`. Starting processes is what costs seconds here (each one imports
+# torch), so the next cell launches, once, everything this chapter runs under torchrun: the
+# module `forge_course.reference.ddp_practice` runs the DDP demo on its ranks first, then the
+# practice of the section "DDP in practice" below, which includes a worker that crashes on
+# purpose; hence `--max-restarts=1` and an environment variable, both explained there. The
+# launcher runs in its own process group, so on a timeout it is stopped together with its
+# ranks.
 
 
 # %%
-def launch(command, timeout_s):
-    """Run ``command``; stop it and every process it started if it outlives ``timeout_s``."""
+def launch(command, timeout_s, env=None):
+    """Run ``command`` with ``env`` added to the environment; return its stdout and stderr.
+
+    The command and every process it started are stopped if it outlives ``timeout_s``.
+    """
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        start_new_session=True, env={**os.environ, **(env or {})},
     )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -353,16 +369,26 @@ def launch(command, timeout_s):
             proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{err[-2000:]}")
-    return out
+    return out, err
 
 
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+practice_dir = TemporaryDirectory(prefix="forge-practice-")  # removed when the kernel stops
 torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={WORLD_SIZE}", "-m", "forge_course.reference.ddp"]  # fmt: skip
+            f"--nproc_per_node={WORLD_SIZE}", "--max-restarts=1", "-m",
+            "forge_course.reference.ddp_practice", "--out-dir", practice_dir.name]  # fmt: skip
 start = time.perf_counter()
-summary = json.loads(launch(torchrun, LAUNCH_TIMEOUT_S).strip().splitlines()[-1])
+restart_fix = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # see part 4 of "DDP in practice"
+_, practice_log = launch(torchrun, LAUNCH_TIMEOUT_S, env=restart_fix)
 launch_seconds = time.perf_counter() - start
+practice = json.loads(Path(practice_dir.name, "practice.json").read_text())
+resume = json.loads(Path(practice_dir.name, "resume.json").read_text())
+summary = practice["ddp"]
 print(json.dumps(summary, indent=1))
-print(f"torchrun with {WORLD_SIZE} ranks took {launch_seconds:.1f} s measured, start-up included")
+print(f"torchrun, {WORLD_SIZE} ranks, 2 attempts: {launch_seconds:.1f} s, start-up included")
+print("the work itself, on rank 0 (s):", practice["seconds"])
 assert summary["ok"] and summary["ranks_identical"] and summary["max_abs_diff"] <= 1e-6
 
 # %% [markdown]
@@ -373,8 +399,10 @@ assert summary["ok"] and summary["ranks_identical"] and summary["max_abs_diff"] 
 # rank, halves each rank's result, then adds the two halves. Float addition is not associative,
 # so the last bit can differ, and three steps of momentum SGD carry the difference along.
 #
-# Almost all of those seconds are start-up: two fresh Python processes importing torch and
-# forming the group. The three training steps themselves take milliseconds.
+# Almost all of those seconds are start-up: torchrun and each rank are fresh Python processes
+# that import torch, the ranks twice because of the restart. The DDP demo's three training
+# steps take a fraction of a second (`"ddp"` above, most of it DDP's first construction, which
+# imports `torch._dynamo`).
 #
 # ### Divided before the sum, or after?
 #
@@ -483,6 +511,219 @@ for rank in range(4):
 print(f"{len(sampler)} examples per rank: 10 padded to 12 by repeating 2")
 
 # %% [markdown]
+# ## DDP in practice: four habits
+#
+# The worker above trains and saves. A run that lasts days needs more, and this section checks
+# each habit on real gloo ranks:
+#
+# 1. gradient accumulation with one all-reduce per optimizer step, not one per micro-batch
+#    (`no_sync`);
+# 2. checkpoints written by rank 0 alone and read by every rank after a barrier;
+# 3. evaluation that does not count `DistributedSampler`'s padding twice;
+# 4. a worker that crashes, and a run that torchrun starts again and resumes from its last
+#    checkpoint.
+#
+# The launch in the torchrun section above ran all four, and the FSDP2 run of the memory
+# section below, on its gloo ranks (`forge_course.reference.ddp_practice`). On its first
+# attempt each rank ran the DDP demo, parts 1–3 and FSDP2, then trained 6 steps with a
+# checkpoint after each, and rank 1 raised after step 4. `--max-restarts=1` let torchrun start
+# the whole group once more; the second attempt found `TORCHELASTIC_RESTART_COUNT=1` in its
+# environment, skipped the demonstrations, loaded the newest checkpoint and finished.
+
+# %% [markdown]
+# ### 1. Gradient accumulation under DDP: `no_sync()`
+#
+# Chapter 10 accumulates the gradients of $k$ micro-batches and steps once. Under DDP every
+# `backward()` all-reduces, so $k$ micro-batches would cost $k$ all-reduces when only their sum
+# is needed at the step. Inside `with model.no_sync():` DDP only adds each gradient to `.grad`
+# locally; the first backward outside it all-reduces the accumulated gradient, once:
+#
+# ```python
+# for i, (x, y) in enumerate(micro_batches):
+#     last = i == k - 1
+#     with contextlib.nullcontext() if last else model.no_sync():  # forward inside it too
+#         (loss_fn(model(x), y) / k).backward()  # all-reduces only when last
+# optimizer.step()
+# optimizer.zero_grad()
+# ```
+#
+# The result is the same because an all-reduce is a sum, and sums can be regrouped: the sum
+# over ranks of each rank's sum over micro-batches is the sum over micro-batches of the sums
+# over ranks. The launch counted the all-reduces with a **comm hook**, a function DDP calls for
+# each bucket of gradients in place of its own all-reduce (`model.register_comm_hook(state,
+# hook)`); this one counts, then calls DDP's default `allreduce_hook`. The model fits in one
+# bucket, so each call is one all-reduce. Each rank had 8 examples in 4 micro-batches of 2.
+
+# %%
+acc = practice["accumulate"]
+k = acc["micro_batches"]
+print(f"{k} micro-batches per step: all-reduces {acc['all_reduces']}")
+print(f"largest gradient entry {acc['largest_gradient']:.3f}; synced every micro-batch vs "
+      f"no_sync: max difference {acc['max_abs_diff']:.1e}; "
+      f"vs one process on the whole batch: {acc['max_abs_diff_whole_batch']:.1e}")  # fmt: skip
+assert acc["all_reduces"] == {"synced": k, "no_sync": 1} and acc["ranks_identical"]
+assert acc["max_abs_diff"] <= 1e-6 * acc["largest_gradient"]
+assert acc["max_abs_diff_whole_batch"] <= 1e-6 * acc["largest_gradient"]
+
+# %% [markdown]
+# The gradients agree to float32 rounding, not bit for bit: the additions happen in another
+# order (per rank first, then across ranks). On GPUs that saves $k - 1$ all-reduces of the
+# whole gradient per optimizer step. *Not timed here: the time saved depends on the gradient's
+# size and the network between the GPUs, which a 49-parameter model on one CPU cannot show.*
+#
+# *Try it:* run the torchrun cell with `"--micro-batches", "8"` added at the end of its command
+# (a rank's 8 examples one at a time), then this cell: the counts become 8 and 1.
+#
+# ### 2. Checkpoints: rank 0 writes, every rank waits, every rank loads
+#
+# After a step every rank holds the same weights, so one file is enough, and $N$ ranks writing
+# one path at once would race each other. The pattern:
+#
+# ```python
+# if rank == 0:
+#     torch.save(model.module.state_dict(), path)  # the bare model's keys
+# dist.barrier()  # no rank reads the file before rank 0 has written it all
+# state = torch.load(path, map_location=device, weights_only=True)
+# model.module.load_state_dict(state)
+# ```
+#
+# * **The barrier.** Without it a rank can open the file before it exists, or while rank 0 is
+#   half-way through writing it. (Chapter 09's atomic save keeps a half-written file from ever
+#   carrying the checkpoint's name; the barrier makes the others wait for the whole file.)
+# * **`map_location`.** `torch.load` puts each tensor back on the device it was saved from:
+#   a file written by rank 0 from `cuda:0` would land on GPU 0 in every rank. Load to `"cpu"`,
+#   or to `f"cuda:{local_rank}"`.
+# * **`module.`** The wrapper holds the model as its attribute `module`, so `ddp.state_dict()`
+#   names every key `module.…`, and a bare model refuses it. Save `ddp.module.state_dict()`;
+#   for a file already saved with the prefix,
+#   `consume_prefix_in_state_dict_if_present(state, "module.")` (in `torch.nn.modules.utils`)
+#   strips it in place.
+#
+# In the launch every rank trained, rank 0 saved, and each rank then built a fresh model from a
+# different seed (`100 + rank`) and loaded the file into it.
+
+# %%
+ckpt = practice["checkpoint"]
+print("ddp.state_dict() keys:       ", ckpt["ddp_keys"], "…")
+print("ddp.module.state_dict() keys:", ckpt["module_keys"], "…")
+print("a bare model given ddp.state_dict():", ckpt["bare_load_error"])
+print(f"ranks identical before the load: {ckpt['identical_before_load']}, "
+      f"after: {ckpt['identical_after_load']}")  # fmt: skip
+assert ckpt["ddp_keys"] == ["module." + key for key in ckpt["module_keys"]]
+assert ckpt["bare_load_error"].startswith("Missing key(s)") and ckpt["prefix_stripped_loads"]
+assert not ckpt["identical_before_load"] and ckpt["identical_after_load"]
+assert ckpt["equal_to_trained"]
+
+# %% [markdown]
+# ### 3. Distributed evaluation without the padded duplicates
+#
+# To evaluate in parallel, each rank scores its `DistributedSampler` shard and the ranks
+# all-reduce their sums (of losses, of correct predictions) and counts. But the sampler pads:
+# 11 examples over 2 ranks become 12, and rank 1's last example is example 0 again. The
+# all-reduced sums count it twice, and the metric is not the one of the data set. Two fixes
+# that count each example once:
+#
+# * **Mask the padding.** Rank $r$'s $p$-th example sits at position $r + pN$ of the padded
+#   order, and positions from 11 on are the repeats. Drop them before summing
+#   (`forge_course.reference.ddp_practice.padded_positions`).
+# * **Gather and de-duplicate.** Each example carries its index (the dataset returns it);
+#   `dist.all_gather` every rank's `(index, loss, correct)` rows and keep each index once.
+#   This also gives per-example results, in order, for error analysis.
+#
+# (A third: give each rank an unpadded slice, `Subset(dataset, range(rank, n, world_size))`,
+# and all-reduce sums and counts. The ranks then run different numbers of batches: fine for an
+# evaluation with no collective inside its loop, but not for DDP training, where a rank with
+# one batch more waits in an all-reduce its peers never join; DDP's `join()` context manager
+# exists for that case.)
+
+# %%
+ev = practice["evaluate"]
+for way in ("single process", "naive", "masked", "gathered"):
+    row = ev[way]
+    print(f"{way:15} {row['examples']:2} examples  accuracy {row['accuracy']:.4f}  "
+          f"mean loss {row['loss']:.9f}")  # fmt: skip
+single = ev["single process"]
+assert ev["padded_to"] == 12 and ev["naive"]["examples"] == 12
+assert ev["naive"]["accuracy"] == 4 / 12 and single["accuracy"] == 4 / 11
+for way in ("masked", "gathered"):
+    assert ev[way]["examples"] == 11 and ev[way]["accuracy"] == single["accuracy"]
+    assert abs(ev[way]["loss"] - single["loss"]) <= ev["per_example_max_diff"]
+print(f"one example's float32 loss, from the ranks' batches (4 and 2) or from one batch of 11: "
+      f"up to {ev['per_example_max_diff']:.1e} apart")  # fmt: skip
+
+# The mask, checked on the sampler of the set_epoch cell (10 examples, 4 ranks):
+from forge_course.reference.ddp_practice import padded_positions
+
+kept = []
+for rank in range(4):
+    order = list(DistributedSampler(range(10), num_replicas=4, rank=rank, shuffle=True, seed=SEED))
+    kept += [i for i, pad in zip(order, padded_positions(10, 4, rank).tolist()) if not pad]
+assert sorted(kept) == list(range(10))
+
+# %% [markdown]
+# The naive accuracy is wrong by a whole example: 4 right of 11 is 0.3636, but example 0 was
+# scored wrong and counted twice, 4 of 12. Both fixes give the single process's accuracy
+# exactly. Their mean loss agrees to about $2 \times 10^{-8}$, not to the bit, and not because
+# of the fix: a float32 example's loss itself depends in its last bits on the shape of the
+# batch it was computed in (the matrix product picks another kernel), and the ranks used
+# batches of 4 and 2 where the single process used one batch of 11.
+#
+# *Try it:* add `"--eval-examples", "12"` to the torchrun cell's command and run it and this
+# cell: no padding, so the naive way is right, and the cell's assert that it is wrong fails.
+#
+# ### 4. A worker crashes: `torchrun --max-restarts`
+#
+# When a worker exits with an error, torchrun stops the others and, while restarts remain,
+# starts the **whole group** again: same ranks, `TORCHELASTIC_RESTART_COUNT` one higher. Nothing
+# in memory survives, so the run can only continue from what it saved. The resumable loop
+# (chapter 09's `save_checkpoint` and `load_checkpoint`, rank 0 writing, a barrier after):
+#
+# ```python
+# step = 0
+# if (newest := latest_checkpoint(folder)) is not None:  # every rank reads the same file
+#     step = load_checkpoint(newest, model.module, optimizer, map_location="cpu")["step"]
+# for epoch in range(step // steps_per_epoch, epochs):
+#     sampler.set_epoch(epoch)  # the order depends on seed + epoch only
+#     for batch, (x, y) in enumerate(loader):
+#         if epoch * steps_per_epoch + batch < step:
+#             continue  # done before the crash
+#         ...  # one training step
+#         step += 1
+#         if rank == 0:
+#             save_checkpoint(checkpoint_path(folder, step), model.module, optimizer, step=step)
+#         dist.barrier()
+# ```
+#
+# The optimizer's state (momentum here) is in the checkpoint: without it the resumed run takes
+# different steps. On its first attempt the launch also trained the same 6 steps without a
+# crash, in a folder of its own, to compare.
+#
+# The launch sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` for torch 2.13 itself: by default the
+# restarted ranks form their group through torchrun's own key-value store, which lives on from
+# the first attempt, and on this machine every restarted gloo group we tried (3 runs, one of
+# them a 10-line worker that only all-reduces) failed to connect ("Gloo connectFullMesh failed
+# … Connection refused") or hung. With the variable set, rank 0 of each attempt hosts a fresh
+# store, and the restart works.
+
+# %%
+crash = [line for line in practice_log.splitlines() if "crashes on purpose" in line][-1]
+print("attempt 0:", crash.strip())
+print(json.dumps(resume))
+assert resume["attempt"] == 1 and resume["resumed_from_step"] == 4 and resume["steps"] == 6
+assert resume["equal_to_uncrashed"] and resume["ranks_identical"]
+
+# %% [markdown]
+# The restarted attempt loaded the checkpoint of step 4, ran steps 5 and 6, and ended with the
+# uncrashed run's weights **bit for bit**: same weights, same momentum, same batches, the same
+# arithmetic. How often to save is a trade: every save costs time, and every crash loses the
+# steps since the last save, plus, on many GPUs, the start-up of every process.
+#
+# *Try it:* change `"--max-restarts=1"` to `"--max-restarts=0"` in the torchrun cell and run it:
+# torchrun gives up after the first crash, `launch` raises, and torchrun's report at the end
+# of the message names the root cause, rank 1's `RuntimeError`.
+
+
+# %% [markdown]
 # ## Why not `nn.DataParallel`
 #
 # `nn.DataParallel` is one line (`model = nn.DataParallel(model)`) and runs in **one
@@ -529,15 +770,16 @@ assert scaled_lr == 0.8 and lrs == [0.16, 0.32, 0.48, 0.64, 0.8, 0.8, 0.8]
 #
 # DDP copies everything to every rank. In fp32 with Adam, each parameter costs 4 bytes for the
 # weight, 4 for its gradient and 8 for Adam's two moments: 16 bytes, on **every** rank. ZeRO
-# (DeepSpeed) and FSDP (PyTorch's `FullyShardedDataParallel`) cut that by *sharding*: each rank
-# keeps only $1/N$ of some of these, and the collectives fetch the rest when needed:
+# (DeepSpeed) and FSDP (PyTorch's `FullyShardedDataParallel`, and its successor `fully_shard`,
+# "FSDP2") cut that by *sharding*: each rank keeps only $1/N$ of some of these, and the
+# collectives fetch the rest when needed:
 #
 # | stage | sharded over the $N$ ranks | bytes per parameter per rank |
 # | --- | --- | --- |
 # | 0 (DDP) | nothing | $4 + 4 + 8 = 16$ |
 # | 1 (ZeRO-1) | optimizer state | $4 + 4 + 8/N$ |
 # | 2 (ZeRO-2, `SHARD_GRAD_OP`) | + gradients | $4 + 4/N + 8/N$ |
-# | 3 (ZeRO-3, FSDP `FULL_SHARD`) | + parameters | $(4 + 4 + 8)/N$ |
+# | 3 (ZeRO-3, FSDP `FULL_SHARD`, FSDP2 `fully_shard`) | + parameters | $(4 + 4 + 8)/N$ |
 #
 # **By hand**, 1 billion parameters on 8 GPUs (GB = $10^9$ bytes):
 #
@@ -547,9 +789,10 @@ assert scaled_lr == 0.8 and lrs == [0.16, 0.32, 0.48, 0.64, 0.8, 0.8, 0.8]
 # * stage 3: $0.5 + 0.5 + 1 = 2$ GB.
 #
 # Stage 3 pays for it in traffic: the parameters of each layer are all-gathered before its
-# forward and again before its backward, about 1.5 times DDP's communication. None of these
-# numbers include activations, which are often the largest part (chapter 10). The 8 bytes of
-# Adam state are measured in the next cell on a small model; the rest is arithmetic.
+# forward and again before its backward, about 1.5 times DDP's communication, and while a
+# layer runs its full weights are there too. None of these numbers include activations, which
+# are often the largest part (chapter 10). The 8 bytes of Adam state are measured in the next
+# cell on a small model, and stage 3's sharding on a real FSDP2 run after the calculator.
 
 # %%
 from forge_course.reference.collectives import memory_per_rank
@@ -590,6 +833,90 @@ assert state_bytes == 8 * n_params
 from forge_course.sims.ring_allreduce import memory_view
 
 memory_view(params=1e9, ranks=8, stage=3)
+
+# %% [markdown]
+# ### FSDP2 on this CPU: sharded weights, a sharded checkpoint
+#
+# PyTorch's current FSDP is a function, `torch.distributed.fsdp.fully_shard` ("FSDP2"). It
+# turns each parameter of a module into a *DTensor* split by rows over the ranks: rank $r$
+# keeps its rows only. Before the module's forward, and again before its backward, the ranks
+# all-gather the full weights and drop them after; after backward they reduce-scatter the
+# gradients, so each rank holds the averaged gradient of its own rows, and its optimizer updates
+# only those. That is stage 3 of the table. (`fully_shard(module, reshard_after_forward=False)`
+# keeps the gathered weights from forward to backward: fewer all-gathers, more memory, close to
+# stage 2.)
+#
+# ```python
+# mesh = init_device_mesh("cpu", (world_size,))  # "cuda" with NCCL on GPUs
+# for layer in model:
+#     if isinstance(layer, nn.Linear):
+#         fully_shard(layer, mesh=mesh)  # one all-gather unit per layer
+# fully_shard(model, mesh=mesh)
+# optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # after sharding
+# ...  # the same training loop as DDP
+# model_state, optim_state = get_state_dict(model, optimizer)  # DTensors: each rank its rows
+# dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=folder)
+# ```
+#
+# `dcp` is `torch.distributed.checkpoint`, the **sharded checkpoint**: every rank writes its
+# own rows to its own file, and one `.metadata` file records which rows of which tensor are
+# where, so a save never gathers the model on one rank, and a load can even use another number
+# of ranks. `fsdp_demo` (`forge_course.reference.fsdp`) ran all of this in the launch above, on
+# gloo and the CPU with torch 2.13: the DDP demo's model and data, sharded over 2 ranks,
+# compared with DDP on the same ranks, then saved, and loaded into a fresh sharded model and
+# optimizer. With SGD and momentum the optimizer keeps 4 bytes per parameter, so the calculator
+# runs with `bytes_optimizer=4`.
+
+# %%
+fsdp = practice["fsdp"]
+for name, (full, local) in fsdp["shapes"].items():
+    print(f"{name:9} full {str(full):7} rank 0 keeps {local}")
+calc = memory_per_rank(fsdp["n_params"], WORLD_SIZE, stage=3, bytes_optimizer=4)
+print(f"{fsdp['n_params']} parameters, calculator: {calc['params']:g} bytes each of weights, "
+      f"gradients and momentum per rank")  # fmt: skip
+for rank, held in enumerate(fsdp["bytes"]):
+    print(f"rank {rank} measured: {held}")
+for kind, key in (("weights", "params"), ("grads", "grads"), ("momentum", "optimizer")):
+    assert sum(held[kind] for held in fsdp["bytes"]) == WORLD_SIZE * calc[key]
+print("layer 0's weight inside its forward:", fsdp["inside_forward"],
+      "after:", fsdp["after_forward"])  # fmt: skip
+print(f"FSDP2 vs DDP, largest weight difference: {fsdp['max_abs_diff_ddp']}")
+print("checkpoint files (bytes):", fsdp["files"])
+for file, names in fsdp["entries"].items():
+    shards = [name for name in names if "param_groups" not in name]
+    print(f"  {file}: {len(shards)} shards (weights, momentum), "
+          f"{len(names) - len(shards)} optimizer settings")  # fmt: skip
+print("where the rows of 0.weight live:", fsdp["chunks_of_0.weight"])
+assert fsdp["inside_forward"] == [8, 4] and fsdp["after_forward"] == [8 // WORLD_SIZE, 4]
+assert [held["weights"] for held in fsdp["bytes"]] == [29 * 4, 20 * 4]
+assert fsdp["max_abs_diff_ddp"] == 0.0 and fsdp["loaded_equal"]
+assert sorted(fsdp["files"]) == [".metadata"] + [f"__{r}_0.distcp" for r in range(WORLD_SIZE)]
+
+# %% [markdown]
+# Read the numbers:
+#
+# * Together the ranks hold each byte once: 196 bytes of weights over 2 ranks, 98 each on
+#   average, as the calculator says. But not 98 on each: FSDP2 cuts every tensor by rows, and
+#   the last layer's weight and bias have **one** row, which rank 0 keeps whole. Rank 0 holds
+#   29 parameters, rank 1 20. With real layers (thousands of rows) the split is even to a
+#   fraction of a percent.
+# * Inside layer 0's forward its weight is whole (8 × 4, all-gathered); after it, each rank is
+#   back to its 4 rows. So the peak holds one unit's full weights on top of the shards: wrap
+#   layer by layer, not the model alone, or the all-gather is the whole model.
+# * The sharded run ends with DDP's weights exactly: with 2 ranks the same gradients are summed
+#   and halved (exact in binary) and the same update is applied, just by row.
+# * The checkpoint is one file per rank plus `.metadata`, which records 0.weight as two chunks,
+#   rows 0–3 and rows 4–7. Each file holds its rank's 8 shards (4 of weights, 4 of momentum);
+#   values every rank has alike, the optimizer's settings (`lr`, `momentum`, …), are written
+#   once, into one of the files, which is why rank 1's is the larger. At this size the bytes
+#   are mostly the format's overhead per entry (about 1.5 KB). Loading the checkpoint into a
+#   fresh sharded model and optimizer restored every rank's rows and momentum bit for bit.
+#
+# To read such a checkpoint in one process (for inference, say),
+# `torch.distributed.checkpoint.format_utils.dcp_to_torch_save(folder, "model.pt")` writes an
+# ordinary `torch.save` file. On GPUs the same code runs with NCCL: `init_device_mesh("cuda",
+# (world_size,))`, `torch.cuda.set_device(local_rank)` first, and the model moved to the GPU
+# before `fully_shard`. *Not run here: this machine has no GPU.*
 
 # %% [markdown]
 # ## SyncBatchNorm
@@ -716,6 +1043,17 @@ check_choice(
 # sampler.set_epoch(epoch)                     # without it: every epoch repeats epoch 0's order
 # torch.save(model.module.state_dict(), path)  # model.state_dict(): every key gets "module."
 # dist.destroy_process_group()                 # in a finally: or a failed run can hang
+#
+# with model.no_sync():                        # all micro-batches but the last:
+#     (loss / k).backward()                    #   without it, k all-reduces instead of 1
+# if rank == 0:
+#     torch.save(model.module.state_dict(), path)
+# dist.barrier()                               # without it: a rank reads a missing/partial file
+# torch.load(path, map_location=device, weights_only=True)  # without it: all onto cuda:0
+# keep = ~padded_positions(n, world_size, rank)  # without it: padded repeats counted twice
+# # torchrun --max-restarts=1 …                # + resume from the newest checkpoint on start
+# fully_shard(layer, mesh=mesh)                # FSDP2: each rank keeps its rows (ZeRO-3)
+# dcp.save(state, checkpoint_id=folder)        # sharded checkpoint: one file per rank
 # ```
 #
 # * Averaging the gradients of equal shards gives the whole batch's gradient ($-22.5$ both
@@ -730,6 +1068,19 @@ check_choice(
 # * Per rank, fp32 + Adam costs 16 bytes per parameter under DDP; ZeRO-1/2/3 (FSDP) shard the
 #   optimizer state, the gradients and the parameters: 16, 9, 5.5 and 2 GB for 1B parameters
 #   on 8 GPUs.
+# * `no_sync()` accumulates $k$ micro-batches with 1 all-reduce instead of $k$; the gradients
+#   agree to float32 rounding.
+# * Rank 0 saves `model.module.state_dict()`, a barrier, every rank loads with `map_location`:
+#   all ranks end with identical weights.
+# * `DistributedSampler` pads 11 examples to 12 on 2 ranks; the naive all-reduced accuracy is
+#   4/12 instead of 4/11. Masking the padded positions or de-duplicating gathered indices gives
+#   the single process's accuracy exactly.
+# * `torchrun --max-restarts=1` restarts the whole group after a crash; resumed from its step-4
+#   checkpoint, the run ends with the uncrashed run's weights bit for bit. In torch 2.13 a gloo
+#   restart needed `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` here.
+# * FSDP2 runs on the CPU with gloo: each rank holds its rows (29 and 20 of 49 parameters: the
+#   calculator's average, split by rows), the weights equal DDP's, and DCP saves one file per
+#   rank.
 # * `SyncBatchNorm` shares BatchNorm's statistics between ranks; it matters with small
 #   per-rank batches.
 #

@@ -72,6 +72,7 @@ COSTS = {
     "test_grader_boundary.py": 18,  # 8 tests, 141 s together
     "test_grader_instruments.py": 50,
     "test_grading_ch11.py": 20,
+    "test_ddp_practice.py": 2,  # 14 tests, one torchrun launch with a restart for all (~25 s)
     "test_observe_boundary.py::test_a_worker": 15,
     "test_cli.py::test_check_on_a_fresh_release": 15,
     "test_figures.py::test_every_figure_a_chapter": 8,
@@ -80,12 +81,14 @@ COSTS = {
 
 # Files whose tests share one expensive module fixture (a graded class, a running Lab): their
 # tests stay on one worker, or the fixture would be built twice.
-# test_colab_runtime.py's chapters share one venv, into which each installs the package.
+# test_colab_runtime.py's chapters share one venv, into which each installs the package;
+# test_ddp_practice.py's tests share one torchrun launch.
 SHARED = (
     "test_grader_boundary.py",
     "test_grader_instruments.py",
     "test_browser.py",
     "test_colab_runtime.py",
+    "test_ddp_practice.py",
 )
 
 

@@ -109,12 +109,17 @@ def _live_members(group: int) -> list[int]:
     return alive
 
 
-def _run(command: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, list[int]]:
-    """Run `command` in its own process group; return its result and any process left behind."""
+def _run(
+    command: list[str], timeout: float, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, list[int]]:
+    """Run `command` in its own process group; return its result and any process left behind.
+
+    ``env`` is added to the environment.
+    """
     process = subprocess.Popen(
         command,
         cwd=REPO,
-        env=_environment(),
+        env={**_environment(), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -146,16 +146,21 @@ def _train_rank(
         raise ValueError(f"global_batch={global_batch} must be divisible by {world_size} ranks")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    backend, device = _backend_and_device(local_rank, local_world_size)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend,
-        init_method=init_method,
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    own_group = not dist.is_initialized()  # else a caller's group: use it, and leave it be
+    if own_group:
+        backend, device = _backend_and_device(local_rank, local_world_size)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    else:
+        backend = dist.get_backend()
+        device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     model = None
     try:
         dataset = make_dataset(steps, global_batch, seed)
@@ -190,7 +195,8 @@ def _train_rank(
         # or gloo can abort at interpreter exit.
         model = None
         gc.collect()
-        dist.destroy_process_group()
+        if own_group:
+            dist.destroy_process_group()
     summary = {
         "rank": rank,
         "world_size": world_size,
@@ -222,7 +228,9 @@ def ddp_worker(
         rank, world_size: this process's place in the group, 0 <= rank < world_size.
         steps, global_batch, seed: the run, as in `single_process_reference`.
         init_method: how the ranks find each other: ``"env://"`` under torchrun (it sets
-            MASTER_ADDR, MASTER_PORT), ``"tcp://127.0.0.1:PORT"`` under spawn.
+            MASTER_ADDR, MASTER_PORT), ``"tcp://127.0.0.1:PORT"`` under spawn. If this process
+            has joined a group already (`forge_course.reference.ddp_practice`), that group is
+            used, and left for the caller to destroy.
         timeout_s: seconds any collective may wait before it fails instead of hanging.
         fail_rank: this rank raises after joining the group, to show how a run ends when one
             rank dies while the others wait for it.
