@@ -23,14 +23,14 @@ CHAPTERS = [
     Chapter(
         "ch01_autograd_tape",
         "Tensors and the autograd tape",
-        "How backward finds every gradient, and when it refuses.",
-        45,
+        "How backward finds every gradient, written by hand, and when it refuses.",
+        55,
     ),
     Chapter(
         "ch02_datasets_dataloaders",
         "Datasets and DataLoaders",
-        "From a CSV file to batches, with workers that do not repeat each other.",
-        40,
+        "From a CSV file to batches, with workers that neither repeat nor copy each other.",
+        45,
     ),
     Chapter(
         "ch03_samplers_collation",
@@ -47,8 +47,8 @@ CHAPTERS = [
     Chapter(
         "ch05_modules_devices",
         "nn.Module and devices",
-        "What a module registers, what moves with .to(), and hooks.",
-        40,
+        "What a module registers and moves, hooks, initialisation, tied and frozen weights.",
+        60,
     ),
     Chapter(
         "ch06_evaluation_loop",
@@ -83,8 +83,8 @@ CHAPTERS = [
     Chapter(
         "ch11_distributed",
         "Distributed training",
-        "All-reduce by hand, then DDP with real processes.",
-        50,
+        "All-reduce by hand, DDP with real processes, restarts, checkpoints and FSDP2.",
+        70,
     ),
     Chapter(
         "ch12_capstone",
