@@ -842,7 +842,7 @@ check_choice(
 # scheduler = OneCycleLR(optimizer, max_lr, total_steps=updates_per_epoch * epochs)
 # for epoch in range(epochs):
 #     for i, (x, y) in enumerate(loader):
-#         loss = loss_fn(model(x), y) / K                   # a mean over the group, not a sum
+#         loss = loss_fn(model(x), y) * len(x) / group_n    # group_n: examples in this update
 #         loss.backward()                                   # adds into .grad
 #         if (i + 1) % K == 0 or i + 1 == len(loader):      # without the `or`: the tail leaks
 #             optimizer.step()

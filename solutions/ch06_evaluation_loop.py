@@ -74,7 +74,7 @@ def make_model():
 
 X, y = make_spiral(N_PER_CLASS, seed=SEED)
 X_train, y_train, X_val, y_val = train_val_split(X, y, val_fraction=0.25, seed=SEED)
-# drop_last: batch norm cannot take the variance of a batch of one, and 225 = 7·32 + 1.
+# drop_last: BatchNorm1d on [N, C] cannot take the variance of a batch of one, and 225 = 7·32 + 1.
 train_loader = DataLoader(
     TensorDataset(X_train, y_train), batch_size=BATCH_SIZE, shuffle=True, drop_last=True,
     generator=torch.Generator().manual_seed(SEED),

@@ -135,7 +135,7 @@ assert per_rank == [-15.0, -30.0] and sum(per_rank) / 2 == gradient(x, y) == -22
 # ## All-reduce, and why a ring
 #
 # *All-reduce* takes one buffer per rank and leaves every rank holding their elementwise sum
-# (DDP divides each rank's gradient by $N$ beforehand, so that the sum is the mean). The
+# (DDP multiplies each rank's gradient by $1/N$ beforehand, so that the sum is the mean). The
 # simplest way, every rank sending its $S$ bytes to one root that adds and sends the sum back,
 # puts $(N - 1) S$ bytes through the root's link each way: the root becomes the bottleneck as
 # $N$ grows.
@@ -327,7 +327,7 @@ assert real == simulated
 # ## DDP with `torchrun`
 #
 # `DistributedDataParallel` (DDP) is data parallelism packaged: wrap the model, and during
-# `backward()` it copies each gradient into a bucket, divided by the number of ranks on the
+# `backward()` it copies each gradient into a bucket, multiplied by 1/(number of ranks) on the
 # way, and all-reduces the buckets, overlapping communication with the rest of the backward
 # pass. At construction it broadcasts rank 0's weights, so all ranks start equal. The loop
 # itself does not change.

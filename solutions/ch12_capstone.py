@@ -75,7 +75,7 @@ print("Running on", describe(device))
 # | production | `save_checkpoint(...)` every k updates, to a temporary file then renamed | a crash loses at most k updates; never a half-written file | a crash loses the run, or leaves a corrupt checkpoint | 09 |
 # | production | resume: model, optimizer, scheduler, scaler, sampler position, every RNG | continues bit for bit | a resumed run that is quietly a different run | 09 |
 # | production | `EarlyStopping(patience)` on a validation metric | stops when validation stops improving | hours spent overfitting | 09 |
-# | production | log the epoch's sample-weighted mean of `loss.item()` | an honest training curve | logging `loss` (a tensor) keeps graphs alive; the last batch alone is noise | 09 |
+# | production | log the epoch's sample-weighted mean of `loss.item()` | an honest training curve | a logged `loss` tensor keeps its graph's nodes, and reading it later waits for the device; the last batch alone is noise | 09 |
 # | scaling | accumulate: `(loss * len(x) / group_examples).backward()` (each micro-batch weighted by its share of the update's examples), step every K **and on the last partial group** | a big batch from small ones | `loss / K` over-weights a short micro-batch's examples; the tail's gradients leak into the next epoch | 10 |
 # | scaling | `torch.autocast(device.type, dtype)`: bf16 where the hardware has it (Ampere and later GPUs, CPUs with AVX512-BF16 or AMX), else fp16 with a `GradScaler` | faster, smaller activations where the device supports it | fp16 gradients underflow to 0 without a scaler; bf16 on a CPU without it is slower than fp32 | 10 |
 #

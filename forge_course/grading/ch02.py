@@ -368,9 +368,10 @@ WORKER_INIT_MISTAKES = [
         _python_only,
     ),
     (
-        "worker 0 keeps the generators it was copied with, so its draws are the same in every "
-        "run and every epoch whatever the loader's generator (`if worker_id:` is false for "
-        "worker 0). Every worker, worker 0 included, needs new `np_rng` and `py_rng`.",
+        "worker 0 keeps the generators it was copied with, so its draws do not follow the "
+        "loader's generator: every run starts them where the dataset left them (`if worker_id:` "
+        "is false for worker 0). Every worker, worker 0 included, needs new `np_rng` and "
+        "`py_rng`.",
         _skips_worker_zero,
     ),
 ]

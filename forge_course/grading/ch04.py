@@ -213,8 +213,9 @@ TRAIN_STEP_MISTAKES = [
         _step_before_backward,
     ),
     (
-        "the function returns the loss *tensor*. Return `loss.item()`, a plain number: a "
-        "caller that keeps the tensor keeps its autograd nodes alive, and on a GPU its memory.",
+        "the function returns the loss *tensor*. Return `loss.item()`, a plain number: that is "
+        "what a caller logs and adds up, and a kept tensor holds its graph's nodes (backward "
+        "has freed what they saved, but not the nodes).",
         _returns_tensor,
     ),
     (

@@ -51,10 +51,11 @@ __all__ = ["autocast_dtype", "make_scaler", "amp_train_step", "step_was_skipped"
 
 @reference
 def autocast_dtype(device: torch.device | str) -> torch.dtype:
-    """The 16-bit type autocast should use on ``device`` (a ``torch.device`` or a string).
+    """Autocast's own default 16-bit type on ``device`` (a ``torch.device`` or a string).
 
     float16 on CUDA and MPS, bfloat16 on the CPU; any other device type gets torch's own
-    autocast default for it.
+    autocast default for it. Not a recommendation: a GPU that runs bfloat16 is better served by
+    it (no scaler needed), as the module's docstring says.
     """
     kind = torch.device(device).type
     if kind in ("cuda", "mps"):

@@ -16,7 +16,7 @@ it into a bucket, then all-reduces (sums) the buckets, so every rank holds the g
 mean over all ``B`` examples, which is what one process computes on the whole batch. The scaling
 comes *before* the sum: `gradient_scaling` shows it on 3 ranks, where scaling first reproduces
 DDP's gradients bit for bit and dividing the sum afterwards does not. Only the order of the
-float operations differs from one process, so the weights match to about 1e-9, not bit for bit.
+float operations differs from one process, so the weights match to about 1e-7, not bit for bit.
 They are bit-for-bit equal *across ranks*: every rank applies the same averaged gradient to the
 same starting weights.
 
