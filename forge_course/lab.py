@@ -215,7 +215,10 @@ def trust_unrun_notebooks(course: Path) -> None:
     notary = NotebookNotary()
     try:
         for path in sorted((course / "notebooks").rglob("*.ipynb")):
-            nb = nbformat.read(path, as_version=4)
+            try:
+                nb = nbformat.read(path, as_version=4)
+            except (OSError, ValueError):  # not a notebook Jupyter could open either
+                continue
             if not any(cell.get("outputs") for cell in nb.cells):
                 notary.sign(nb)
     finally:
