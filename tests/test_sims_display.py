@@ -59,3 +59,22 @@ def test_a_live_figure_redraws_its_moving_artists_and_its_still_picture_keeps_th
 
     assert red_pixels(figure_png(live.fig)) > 0, "the still picture has the moving marker"
     assert marker.get_animated(), "and the live figure keeps drawing it apart"
+
+
+def test_the_live_png_decodes_to_the_very_pixels_drawn():
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from forge_course.sims.display import LiveFigure, encode_png
+
+    live = LiveFigure((3, 2))
+    live.fig.subplots().plot([0, 1], [1, 0])
+    opaque = live.pixels().copy()
+    see_through = opaque.copy()
+    see_through[:5, :7, 3] = 40
+    for pixels, mode in ((opaque, "RGB"), (see_through, "RGBA")):
+        decoded = Image.open(io.BytesIO(encode_png(pixels)))
+        assert decoded.mode == mode, "RGB only where every pixel is opaque"
+        assert np.array_equal(np.asarray(decoded.convert("RGBA")), pixels)

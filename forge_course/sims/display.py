@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
+import zlib
 
 import matplotlib.figure
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import display
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from PIL import Image
 
 # The MIME type through which a front end draws a widget from its model, and the version of its
 # schema that ipywidgets 7 and 8 both write (@jupyter-widgets/schema, "widget view" v2.0).
@@ -81,10 +82,30 @@ def figure_pixels(fig: matplotlib.figure.Figure) -> np.ndarray:
 
 
 def encode_png(pixels: np.ndarray) -> bytes:
-    """An RGBA array as PNG, fast: what a view sends per event."""
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="png", compress_level=LIVE_COMPRESSION)
-    return buffer.getvalue()
+    """An RGBA array as PNG, fast: what a view sends per event.
+
+    Written here rather than by Pillow, which tries a filter per row: without filters, and as
+    RGB when every pixel is opaque (a figure's background is), it takes half the time for a
+    file a few percent larger (1000 × 550 pixels: 7 ms against 15).
+    """
+    height, width, _ = pixels.shape
+    opaque = bool((pixels[..., 3] == 255).all())
+    channels = 3 if opaque else 4
+    rows = np.zeros((height, 1 + width * channels), np.uint8)  # each row: filter 0, pixels
+    rows[:, 1:] = pixels[..., :channels].reshape(height, -1)
+    header = struct.pack(">IIBBBBB", width, height, 8, 2 if opaque else 6, 0, 0, 0)
+    return b"".join(
+        [
+            b"\x89PNG\r\n\x1a\n",
+            _png_chunk(b"IHDR", header),
+            _png_chunk(b"IDAT", zlib.compress(rows.tobytes(), LIVE_COMPRESSION)),
+            _png_chunk(b"IEND", b""),
+        ]
+    )
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
 def tight_layout_afresh(fig: matplotlib.figure.Figure, **kwargs) -> None:
