@@ -395,7 +395,8 @@ ch09.check_checkpoint(save_checkpoint, load_checkpoint, thorough=True)
 # sends itself **SIGKILL** during step `KILL_AT` = 23, after `backward()` and before
 # `optimizer.step()`. SIGKILL cannot be caught: no `finally:`, no `atexit`, exactly what a
 # pre-empted machine or the out-of-memory killer does. Then a third process resumes the killed
-# run from its newest checkpoint.
+# run from its newest checkpoint. (It is started with the other two and waits, with torch
+# imported, until the killed one is dead: importing torch is most of a process's start.)
 #
 # **By hand.** Checkpoints are written after steps 4, 8, …, 20; the one after 24 never
 # happens. An epoch holds 10 steps, so the checkpoint after step 20 was taken at the end of
