@@ -389,14 +389,16 @@ ch09.check_checkpoint(save_checkpoint, load_checkpoint, thorough=True)
 # %% [markdown]
 # ## Crash and resume, with a real process
 #
-# Now the real thing. `python -m forge_course.sims.crash_replay` trains the running example
-# for 5 epochs (50 steps), saving a full checkpoint every `EVERY` = 4 steps with the
-# reference. The next cell starts two such processes at once: one runs uninterrupted; the other
-# sends itself **SIGKILL** during step `KILL_AT` = 23, after `backward()` and before
-# `optimizer.step()`. SIGKILL cannot be caught: no `finally:`, no `atexit`, exactly what a
-# pre-empted machine or the out-of-memory killer does. Then a third process resumes the killed
-# run from its newest checkpoint. (It is started with the other two and waits, with torch
-# imported, until the killed one is dead: importing torch is most of a process's start.)
+# Now the real thing. `python -m forge_course.sims.crash_replay FOLDER` trains the running
+# example for 5 epochs (50 steps) in separate processes, each saving a full checkpoint every
+# `EVERY` = 4 steps with the reference. The next cell runs it: two processes at once, one
+# uninterrupted, the other sending itself **SIGKILL** during step `KILL_AT` = 23, after
+# `backward()` and before `optimizer.step()`. SIGKILL cannot be caught: no `finally:`, no
+# `atexit`, exactly what a pre-empted machine or the out-of-memory killer does. Once it is dead,
+# a third process resumes the killed run from its newest checkpoint. (The command imports torch
+# once and forks the three from itself, where the system can fork: importing torch is most of a
+# new Python's start. Each builds its model, optimizer and data from scratch; only the files on
+# disk pass from the killed run to the resumed one.)
 #
 # **By hand.** Checkpoints are written after steps 4, 8, …, 20; the one after 24 never
 # happens. An epoch holds 10 steps, so the checkpoint after step 20 was taken at the end of
@@ -411,7 +413,7 @@ replay = crash_replay.replay(work / "replay", kill_at=KILL_AT)
 straight, killed, resumed = replay["uninterrupted"], replay["killed"], replay["resumed"]
 assert replay["resumed_from"] == 20 and min(resumed) == 21 and len(resumed) == 30
 assert max(killed) == KILL_AT
-print("the killed process's exit code:", replay["returncode"], "(-9: killed by SIGKILL)")
+print("the killed process's exit code:", replay["returncode"], "(-9 on Linux and macOS: SIGKILL)")
 print("checkpoints it left:", replay["checkpoints"])
 joined = {**killed, **resumed}  # the resumed process's losses replace the killed one's
 difference = max(abs(joined[step] - straight[step]) for step in straight)

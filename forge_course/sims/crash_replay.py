@@ -1,29 +1,34 @@
-"""Crash-and-resume replay: a real training process, killed with SIGKILL and resumed.
+"""Crash-and-resume replay: real training processes, one killed with SIGKILL, one resuming it.
 
-Run as ``python -m forge_course.sims.crash_replay FOLDER --tag TAG [--kill-at K] [--resume]``,
-it trains chapter 09's running example (an MLP on the 2-D spiral) with the reference
-checkpointing, appending one ``step loss`` line per step to ``FOLDER/losses-TAG.txt`` (the loss
-as a float hex, so nothing is lost in printing). With ``--kill-at K`` the process sends itself
-SIGKILL during step K, after backward and before the optimizer step: nothing gets to clean up,
-exactly as when a machine is pre-empted. With ``--resume`` it starts from the newest checkpoint
-in FOLDER; with ``--wait`` as well, it first imports and builds everything, then waits for a line
-on its standard input before it looks for that checkpoint.
+Run as ``python -m forge_course.sims.crash_replay FOLDER [--kill-at K]``, one Python imports
+torch and the course once, then starts three training processes from itself (forked where the
+system can fork: a process's start is mostly importing torch, about 2.4 s here, half of it
+`torch._dynamo`, which the first optimizer imports). Each trains chapter 09's running example
+(an MLP on the 2-D spiral) with the reference checkpointing from scratch, appending one
+``step loss`` line per step to its ``losses-TAG.txt`` (the loss as a float hex, so nothing is
+lost in printing):
+
+- ``uninterrupted/losses-run.txt``: 50 steps, nothing happens to it;
+- ``crashed/losses-killed.txt``: at the same time, a process that sends itself SIGKILL during
+  step K, after backward and before the optimizer step: nothing gets to clean up, exactly as
+  when a machine is pre-empted;
+- ``crashed/losses-resumed.txt``: once that one is dead, a new process that starts from the
+  newest checkpoint it left.
 
 Every random generator matters in this run, so a resume that forgot one would show: the sampler
 shuffles (its own generator), dropout draws from torch's, each batch is scaled by a factor from
 Python's ``random`` and jittered by NumPy. AdamW's moments and a per-epoch StepLR make the
 optimizer and scheduler states matter too.
 
-`replay` runs an uninterrupted process and a killed one side by side, then the resume, and
-returns the losses; `draw_replay` lays the curves over each other. The resuming process is
-started with the other two and waits: a process's start is mostly importing torch (about 2.4 s
-here, half of it `torch._dynamo`, which the first optimizer imports), so a resume started only
-after the kill would double the replay's time.
+`replay` runs that command and returns the losses; `draw_replay` lays the curves over each
+other.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import os
 import random
 import signal
@@ -50,6 +55,9 @@ BATCH = 32  # 300 training points: 10 steps per epoch, the last batch holds 12
 EPOCHS = 5  # 50 steps
 EVERY = 4  # optimizer steps between checkpoints
 KILL_AT = 23  # the step during which the default replay is killed (epoch 2, its 3rd step)
+# As uncatchable as SIGKILL: Windows has none, and its os.kill(pid, SIGTERM) is TerminateProcess.
+KILL = getattr(signal, "SIGKILL", signal.SIGTERM)
+KILLED = -KILL if os.name == "posix" else KILL  # the killed process's exit code
 
 
 def build(seed: int = SEED):
@@ -73,15 +81,9 @@ def build(seed: int = SEED):
     return model, optimizer, scheduler, sampler, loader
 
 
-def train(
-    folder: Path, log, kill_at: int | None = None, resume: bool = False, ready=lambda: None
-) -> None:
-    """Train EPOCHS epochs, checkpointing every EVERY steps into `folder`; log each loss.
-
-    ``ready()`` is called once everything is built, before a resume looks for its checkpoint.
-    """
+def train(folder: Path, log, kill_at: int | None = None, resume: bool = False) -> None:
+    """Train EPOCHS epochs, checkpointing every EVERY steps into `folder`; log each loss."""
     model, optimizer, scheduler, sampler, loader = build()
-    ready()
     start_epoch, step = 0, 0
     last = latest_checkpoint(folder) if resume else None
     if last is not None:
@@ -100,7 +102,7 @@ def train(
             log.write(f"{step} {loss.item().hex()}\n")
             log.flush()
             if step == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), KILL)
             optimizer.step()
             if step % EVERY == 0:
                 save_checkpoint(
@@ -119,13 +121,53 @@ def read_losses(path: Path) -> dict[int, float]:
     return losses
 
 
-def _command(folder: Path, tag: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "forge_course.sims.crash_replay", str(folder), "--tag", tag,
-            *extra]  # fmt: skip
+def _run(folder: Path, tag: str, kill_at: int | None = None, resume: bool = False) -> None:
+    """One training process: `train`, logging into ``folder/losses-<tag>.txt``."""
+    torch.set_num_threads(1)  # every process adds up in the same order
+    with open(folder / f"losses-{tag}.txt", "a") as log:
+        train(folder, log, kill_at=kill_at, resume=resume)
+
+
+def launch(folder: Path, kill_at: int = KILL_AT) -> dict:
+    """The three processes of the replay; what the killed run left, for `replay`."""
+    straight, crashed = folder / "uninterrupted", folder / "crashed"
+    straight.mkdir(parents=True)
+    crashed.mkdir(parents=True)
+    build()  # imports everything a run needs, once, before the processes start
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+    def finish(*processes) -> list[int]:
+        for process in processes:
+            process.join()
+        return [process.exitcode for process in processes]
+
+    first = context.Process(target=_run, args=(straight, "run"))
+    second = context.Process(target=_run, args=(crashed, "killed", kill_at))
+    first.start()
+    second.start()
+    codes = finish(first, second)
+    if codes != [0, KILLED]:
+        raise RuntimeError(f"the training processes ended with exit codes {codes}")
+    checkpoints, newest = (
+        sorted(p.name for p in crashed.glob("step-*.pt")),
+        latest_checkpoint(crashed),
+    )
+    # Only now, with the killed run dead, does a new process look for its checkpoint.
+    third = context.Process(target=_run, args=(crashed, "resumed", None, True))
+    third.start()
+    if finish(third) != [0]:
+        raise RuntimeError(f"the resumed process ended with exit code {third.exitcode}")
+    return {
+        "returncode": codes[1],
+        "resumed_from": int(newest.name[5:13]),
+        "checkpoints": checkpoints,
+    }
 
 
 def replay(folder: str | os.PathLike, kill_at: int = KILL_AT, timeout: float = 120) -> dict:
-    """Run the uninterrupted and the killed process at once, then resume the killed one.
+    """Run the replay's command: the uninterrupted and the killed process at once, then the
+    resume of the killed one.
 
     Returns:
         ``uninterrupted``, ``killed`` and ``resumed``: ``{step: loss}`` of each process;
@@ -134,47 +176,19 @@ def replay(folder: str | os.PathLike, kill_at: int = KILL_AT, timeout: float = 1
         ``checkpoints``: the checkpoint files the killed run left, by name.
     """
     folder = Path(folder)
-    straight, crashed = folder / "uninterrupted", folder / "crashed"
-    straight.mkdir(parents=True)
-    crashed.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "forge_course.sims.crash_replay", str(folder),
+               "--kill-at", str(kill_at)]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-
-    def start(folder_: Path, tag: str, *extra: str, **kwargs) -> subprocess.Popen:
-        return subprocess.Popen(
-            _command(folder_, tag, *extra), env=env, stderr=subprocess.PIPE, text=True, **kwargs
-        )
-
-    straight_run = start(straight, "run")
-    killed_run = start(crashed, "killed", "--kill-at", str(kill_at))
-    resume = start(crashed, "resumed", "--resume", "--wait", stdin=subprocess.PIPE)
-    try:
-        codes = [_finish(straight_run, timeout), _finish(killed_run, timeout)]
-        checkpoints = sorted(p.name for p in crashed.glob("step-*.pt"))
-        resumed_from = int(latest_checkpoint(crashed).name[5:13])
-        # Only now, with the killed run dead, may the resume look for its checkpoint.
-        _finish(resume, timeout, allowed=(0,), line="the killed run is dead\n")
-    finally:
-        for process in (straight_run, killed_run, resume):
-            process.kill()  # a no-op for a process that has ended
+    ran = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    if ran.returncode != 0:
+        raise RuntimeError(f"the replay failed:\n{ran.stderr}")
     return {
-        "uninterrupted": read_losses(straight / "losses-run.txt"),
-        "killed": read_losses(crashed / "losses-killed.txt"),
-        "resumed": read_losses(crashed / "losses-resumed.txt"),
-        "returncode": codes[1],
-        "resumed_from": resumed_from,
-        "checkpoints": checkpoints,
+        "uninterrupted": read_losses(folder / "uninterrupted" / "losses-run.txt"),
+        "killed": read_losses(folder / "crashed" / "losses-killed.txt"),
+        "resumed": read_losses(folder / "crashed" / "losses-resumed.txt"),
+        **json.loads((folder / "replay.json").read_text()),
     }
-
-
-def _finish(
-    process: subprocess.Popen, timeout: float, allowed=(0, -signal.SIGKILL), line=None
-) -> int:
-    """Send ``line`` to ``process`` if given and wait for it; its exit code, or its error output
-    if it failed otherwise."""
-    _, err = process.communicate(line, timeout=timeout)
-    if process.returncode not in allowed:
-        raise RuntimeError(f"the training process failed:\n{err}")
-    return process.returncode
 
 
 def draw_replay(result: dict, kill_at: int = KILL_AT):
@@ -202,16 +216,12 @@ def draw_replay(result: dict, kill_at: int = KILL_AT):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path)
-    parser.add_argument("--tag", default="run", help="names the log: losses-<tag>.txt")
-    parser.add_argument("--kill-at", type=int, default=None)
-    parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--wait", action="store_true", help="start on a line of standard input")
+    parser.add_argument("folder", type=Path, help="where the runs write (it must be empty)")
+    parser.add_argument("--kill-at", type=int, default=KILL_AT)
     args = parser.parse_args()
-    torch.set_num_threads(1)  # every process adds up in the same order
-    with open(args.folder / f"losses-{args.tag}.txt", "a") as log:
-        train(args.folder, log, kill_at=args.kill_at, resume=args.resume,
-              ready=sys.stdin.readline if args.wait else lambda: None)  # fmt: skip
+    torch.set_num_threads(1)
+    summary = launch(args.folder, args.kill_at)
+    (args.folder / "replay.json").write_text(json.dumps(summary))
 
 
 if __name__ == "__main__":
