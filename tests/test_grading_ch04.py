@@ -211,7 +211,7 @@ def sums_the_loss(model, optimizer, loss_fn, x, y):
         (eval_forward_only, "the forward ran in eval mode"),
         (calls_forward, "skips the model's hooks"),
         (forward_twice, "ran forward twice"),
-        (reseeds, "torch's global generator: advanced"),
+        (reseeds, "torch's global generator: reseeded"),
         (sums_the_loss, "loss_fn.reduction: mean → sum"),
     ],
 )
@@ -296,3 +296,25 @@ def test_a_step_that_leaves_something_changed_is_wrong_and_says_what(named):
             while torch.autocast_decrement_nesting() > 0:
                 pass
     assert named in str(caught.value)
+
+
+def test_the_generator_is_compared_by_its_fields_not_its_padding():
+    """`torch.get_rng_state()` copies a C struct, padding included: bytes that are not state
+    must not make a step look as if it had drawn numbers."""
+    from forge_course.observe.generator import generator_change, generator_state
+
+    tensor = torch.get_rng_state()
+    state = tensor.numpy().tobytes()
+    padded = bytearray(state)
+    padded[5044:5048], padded[5053:5056] = b"\xff" * 4, b"\xee" * 3  # after the two flags
+
+    def fields(raw: bytearray) -> tuple:
+        return generator_state(torch.frombuffer(raw, dtype=torch.uint8))
+
+    assert fields(padded) == generator_state(tensor)
+    drawn = bytearray(state)
+    drawn[8] ^= 1  # `left`: how many numbers remain before the engine turns over
+    assert generator_change(generator_state(tensor), fields(drawn)) == "advanced"
+    reseeded = bytearray(state)
+    reseeded[0] ^= 1
+    assert generator_change(generator_state(tensor), fields(reseeded)).startswith("reseeded")

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from forge_course.observe.common import Mistake, call_answer
+from forge_course.observe.generator import generator_state
 
 # ---------------------------------------------------------------- ch03_inverse_frequency
 
@@ -102,7 +103,7 @@ def observe_shard_indices(fn, case: dict) -> dict:
                 )  # fmt: skip
                 seen[f"rank {rank}'s indices"] = _as_int_list(out)
                 held = held and DistributedSampler.__dict__.get("__iter__") is _barred
-        left_alone = torch.equal(torch.random.get_rng_state(), state)
+        left_alone = generator_state(torch.random.get_rng_state()) == generator_state(state)
         seen[RNG_KEY] = "left alone" if left_alone else "reseeded or drawn from"
         seen[BAR_KEY] = BAR_HELD if held else "lifted by the answer"
     finally:

@@ -14,6 +14,7 @@ import copy
 import torch
 
 from forge_course.observe.common import Mistake, call_answer
+from forge_course.observe.generator import generator_change, generator_state
 
 GENERATOR = "torch's global generator"
 
@@ -52,7 +53,7 @@ class Settings:
             "dispatch modes": torch._C._len_torch_dispatch_stack(),
         }
         if self.generator:
-            now[GENERATOR] = torch.get_rng_state().numpy().tobytes()
+            now[GENERATOR] = generator_state(torch.get_rng_state())
         for name, module in self.model.named_modules() if self.model is not None else ():
             where = f"model[{name}]" if name else "the model"
             now[f"{where}'s mode"] = "train" if module.training else "eval"
@@ -75,7 +76,11 @@ class Settings:
         for name, was in self.before.items():
             now = after.get(name)
             if now != was:
-                found.append(f"{name}: advanced" if name == GENERATOR else f"{name}: {was} → {now}")
+                found.append(
+                    f"{name}: {generator_change(was, now)}"
+                    if name == GENERATOR
+                    else f"{name}: {was} → {now}"
+                )
         return found
 
     def check(self, grade_id: str, what: str, case: str) -> None:
