@@ -238,8 +238,8 @@ def simulation_cases(device: torch.device) -> list[Case]:
              _ready(partial(arena.run_arena, adam, device=device))),
         Case("pipeline_builder", "a click: build_loop + loop_html, all components (ch09)", 50,
              _ready(lambda: builder.loop_html(builder.build_loop(set(builder.COMPONENTS))))),
-        Case("crash_replay", "replay: 3 processes, one killed at step 23, resumed (ch09)", 5000,
-             _ready(replay)),
+        Case("crash_replay", "replay: 3 processes forked from one, one killed at step 23, "
+             "resumed (ch09)", 5000, _ready(replay)),
         Case("memory_compute", "slider: measure(k=4) from the view's cache (ch10)", 50,
              segments_slider),
         Case("ring_allreduce", "ring_allreduce_steps of 3 workers × 3 floats (ch11)", 50,
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         chapters = [CH] if args.quick else chapter_ids(REPO)
         lines += ["## Chapters", ""] + bench_chapters(repeats, tmp, chapters) + [""]
         cases = simulation_cases(device)
-        if args.quick:  # three processes, each importing torch: seconds, not a quick look
+        if args.quick:  # a Python importing torch, then three training runs: seconds
             cases = [case for case in cases if case.engine != "crash_replay"]
         lines += ["## Simulations", ""] + bench_simulations(3 if args.quick else 20, cases) + [""]
         from redraws import TITLE as REDRAWS_TITLE  # benchmarks/redraws.py, beside this script
