@@ -63,7 +63,7 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     from forge_course.sims import sampler_view as sampler
     from forge_course.sims import step_through as step
     from forge_course.sims import train_vs_eval as modes
-    from forge_course.sims.display import LiveFigure, tight_layout_afresh
+    from forge_course.sims.display import LiveFigure
 
     def on_axes(figsize, subplots=(1, 1), **kwargs):
         live = LiveFigure(figsize)
@@ -122,12 +122,13 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
         return update
 
     def composition_after():
-        live = on_axes((10, 3))
+        live = LiveFigure((10, 3))
+        picture = sampler.composition_picture(live.fig, labels)
+        live.moving(picture.moving_artists)
 
         def update(b):
-            comp = sampler.composition(labels, "random", b, seed=0, epoch=0)
-            sampler.draw_composition(comp, live.fig.axes[0], "random, epoch 0")
-            tight_layout_afresh(live.fig)
+            picture.update(sampler.composition(labels, "random", b, seed=0, epoch=0),
+                           "random, epoch 0")  # fmt: skip
             return live.png()
 
         return update
@@ -152,11 +153,14 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
         return update
 
     def padding_after():
-        live = on_axes((10, 6), (1, 2), sharey=True)
+        live = LiveFigure((10, 6))
+        picture = sampler.PaddingPicture(live.fig, lengths)
+        live.moving(picture.moving_artists)
 
         def update(b):
-            padding_into(live.fig, live.fig.axes, b)
-            tight_layout_afresh(live.fig)
+            random_batches = sampler.epoch_batches(lengths, b, False)
+            bucketed = sampler.epoch_batches(lengths, b, True, multiplier=5)
+            picture.update(random_batches, bucketed, b, 5)
             return live.png()
 
         return update
