@@ -180,12 +180,14 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     presets = [(m, c) for m in explorer.MODELS for c in explorer.CONTAINERS]
 
     def explorer_after():
-        live = on_axes((11, 1.4))
+        live = LiveFigure((11, 1.4))
+        table = explorer.TablePicture(live.fig.subplots())
+        explorer.render_every_cell(target, live.fig.dpi)
 
         def update(preset):
             exploration = explorer.explore_preset(*preset, moved_to=target)
-            live.fig.set_size_inches(explorer.figsize(exploration))
-            explorer.draw(exploration, live.fig.axes[0], target=target)
+            explorer.fit_figure(live.fig, exploration)
+            table.update(exploration, target=target)
             return live.png()
 
         return update
@@ -268,8 +270,10 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
         return lambda i: inline_png(ring.draw_ring(states, i, ax))
 
     def ring_after():
-        live = on_axes((7.5, 6.2))
-        return lambda i: (ring.draw_ring(states, i, live.fig.axes[0]), live.png())
+        live = LiveFigure((7.5, 6.2))
+        picture = ring.RingPicture(live.fig.subplots(), states)
+        live.moving(picture.moving_artists)
+        return lambda i: (picture.update(i), live.png())
 
     zero_sweep = [(stage, ranks) for ranks in (1, 8, 64) for stage in range(4)]
 
@@ -278,8 +282,10 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
         return lambda s: inline_png(ring.draw_memory(1e9, s[1], s[0], ax))
 
     def zero_after():
-        live = on_axes((7.5, 3.6))
-        return lambda s: (ring.draw_memory(1e9, s[1], s[0], live.fig.axes[0]), live.png())
+        live = LiveFigure((7.5, 3.6))
+        picture = ring.memory_picture(live.fig)
+        live.moving(picture.moving_artists)
+        return lambda s: (picture.update(1e9, s[1], s[0]), live.png())
 
     # ch13: a batch of 64 at 0.3 ms a read and 0.7 ms of compute, prefetch 2; the workers slide.
     def profile(workers, fig=None):
