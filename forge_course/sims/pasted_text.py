@@ -7,7 +7,7 @@ redraw on text that a slider moved back to a state it has shown before. `PastedT
 as usual) that Agg draws once per look (string, font, colour, alignment, resolution) on a
 canvas of its own, keeps, and afterwards pastes where the text belongs, at the nearest whole
 pixel: half a pixel from where Agg would draw it, at most. It is never clipped, so it is meant
-for texts inside their axes.
+for texts inside their axes, and never rotated (a rotated one is drawn as usual).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class PastedText(Text):
     def _look(self, dpi: float) -> tuple:
         return (self.get_text(), self.get_fontproperties(), to_rgba(self.get_color()),
                 self.get_horizontalalignment(), self.get_verticalalignment(),
-                self.get_linespacing(), dpi)  # fmt: skip
+                self.get_linespacing(), self.get_alpha(), self.get_antialiased(),
+                self.get_usetex(), dpi)  # fmt: skip
 
     def picture(self, dpi: float) -> tuple[np.ndarray, tuple[float, float]]:
         """The text drawn alone at ``dpi``, and where its anchor lies in the picture: drawn
@@ -50,7 +51,8 @@ class PastedText(Text):
                 self._pictures.clear()
             alone = Text(0, 0, self.get_text(), color=self.get_color(),
                          fontproperties=self.get_fontproperties(), ha=look[3], va=look[4],
-                         linespacing=look[5])  # fmt: skip
+                         linespacing=look[5], alpha=look[6], antialiased=look[7],
+                         usetex=look[8])  # fmt: skip
             kept = (look[0], look[1].copy(), *look[2:])  # a font is mutable: keep a copy
             self._pictures[kept] = _drawn_alone(alone, dpi)
         return self._pictures[look]
