@@ -193,10 +193,12 @@ def draw_composition(comp: Composition, ax, title: str, names=("dogs", "cats")) 
 def composition_figure(labels, batch_size: int = 32, seed: int = 0, names=("dogs", "cats")):
     """Every sampler's first epoch, one row each (the view's picture without widgets)."""
     comps = [composition(labels, sampler, batch_size, seed=seed) for sampler in SAMPLERS]
-    fig, axes = plt.subplots(len(SAMPLERS), 1, figsize=(10, 9), sharex=True)
+    fig, axes = plt.subplots(len(SAMPLERS), 1, figsize=(10, 9), sharex=True, sharey=True)
     for ax, sampler, comp in zip(axes, SAMPLERS, comps):
         label = "distributed (rank 0 of 3)" if sampler == "distributed" else sampler
         draw_composition(comp, ax, label, names)
+        if ax is not axes[len(axes) // 2]:
+            ax.set_ylabel("")  # one label for the shared y axis: a row is shorter than it
     axes[0].legend(loc="upper left", fontsize=8)
     axes[-1].set_xlabel(f"examples into the epoch, one bar per batch of {batch_size}")
     fig.suptitle("Share of the rare class in each batch of one epoch, per sampler", y=1.0)
