@@ -63,7 +63,7 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     from forge_course.sims import sampler_view as sampler
     from forge_course.sims import step_through as step
     from forge_course.sims import train_vs_eval as modes
-    from forge_course.sims.display import LiveFigure, tight_layout_afresh
+    from forge_course.sims.display import LiveFigure
 
     def on_axes(figsize, subplots=(1, 1), **kwargs):
         live = LiveFigure(figsize)
@@ -122,12 +122,13 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
         return update
 
     def composition_after():
-        live = on_axes((10, 3))
+        live = LiveFigure((10, 3))
+        picture = sampler.composition_picture(live.fig, labels)
+        live.moving(picture.moving_artists)
 
         def update(b):
-            comp = sampler.composition(labels, "random", b, seed=0, epoch=0)
-            sampler.draw_composition(comp, live.fig.axes[0], "random, epoch 0")
-            tight_layout_afresh(live.fig)
+            picture.update(sampler.composition(labels, "random", b, seed=0, epoch=0),
+                           "random, epoch 0")  # fmt: skip
             return live.png()
 
         return update
@@ -152,11 +153,14 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
         return update
 
     def padding_after():
-        live = on_axes((10, 6), (1, 2), sharey=True)
+        live = LiveFigure((10, 6))
+        picture = sampler.PaddingPicture(live.fig, lengths)
+        live.moving(picture.moving_artists)
 
         def update(b):
-            padding_into(live.fig, live.fig.axes, b)
-            tight_layout_afresh(live.fig)
+            random_batches = sampler.epoch_batches(lengths, b, False)
+            bucketed = sampler.epoch_batches(lengths, b, True, multiplier=5)
+            picture.update(random_batches, bucketed, b, 5)
             return live.png()
 
         return update
@@ -176,12 +180,14 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     presets = [(m, c) for m in explorer.MODELS for c in explorer.CONTAINERS]
 
     def explorer_after():
-        live = on_axes((11, 1.4))
+        live = LiveFigure((11, 1.4))
+        table = explorer.TablePicture(live.fig.subplots())
+        explorer.render_every_cell(target, live.fig.dpi)
 
         def update(preset):
             exploration = explorer.explore_preset(*preset, moved_to=target)
-            live.fig.set_size_inches(explorer.figsize(exploration))
-            explorer.draw(exploration, live.fig.axes[0], target=target)
+            explorer.fit_figure(live.fig, exploration)
+            table.update(exploration, target=target)
             return live.png()
 
         return update
@@ -264,8 +270,10 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
         return lambda i: inline_png(ring.draw_ring(states, i, ax))
 
     def ring_after():
-        live = on_axes((7.5, 6.2))
-        return lambda i: (ring.draw_ring(states, i, live.fig.axes[0]), live.png())
+        live = LiveFigure((7.5, 6.2))
+        picture = ring.RingPicture(live.fig.subplots(), states)
+        live.moving(picture.moving_artists)
+        return lambda i: (picture.update(i), live.png())
 
     zero_sweep = [(stage, ranks) for ranks in (1, 8, 64) for stage in range(4)]
 
@@ -274,8 +282,10 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
         return lambda s: inline_png(ring.draw_memory(1e9, s[1], s[0], ax))
 
     def zero_after():
-        live = on_axes((7.5, 3.6))
-        return lambda s: (ring.draw_memory(1e9, s[1], s[0], live.fig.axes[0]), live.png())
+        live = LiveFigure((7.5, 3.6))
+        picture = ring.memory_picture(live.fig)
+        live.moving(picture.moving_artists)
+        return lambda s: (picture.update(1e9, s[1], s[0]), live.png())
 
     # ch13: a batch of 64 at 0.3 ms a read and 0.7 ms of compute, prefetch 2; the workers slide.
     def profile(workers, fig=None):

@@ -188,8 +188,8 @@ assert plain[0] == evaluated[0] and plain[1] != evaluated[1] and shielded == pla
 # ## Simulation: what each sampler puts in a batch
 #
 # Each row is one epoch of a sampler over the 900 dogs and 100 cats; each bar is one batch,
-# and its height is the share of cats in it. The dashed line is the share in the data (10%),
-# the dotted one a half.
+# as wide as the examples it holds, and its height is the share of cats in it. The dashed line
+# is the share in the data (10%), the dotted one a half.
 #
 # * **sequential**: 28 batches without a cat, then only cats;
 # * **random**: about 10% in every batch;

@@ -229,15 +229,19 @@ plt.show()
 # its other chunks grey (own value) or sky (two ranks summed), with arrows for step 2's sends.*
 
 # %%
-from forge_course.sims.ring_allreduce import draw_ring, ring_view
+from forge_course.sims.display import LiveFigure
+from forge_course.sims.ring_allreduce import RingPicture, ring_view
 
 ring_view(RUNNING)
-redraw_fig, redraw_ax = plt.subplots(figsize=(7.5, 6.2))
+live = LiveFigure((7.5, 6.2))  # the view's own figure, updated as a slider move updates it
+picture = RingPicture(live.fig.subplots(), states)
+live.moving(picture.moving_artists)
+picture.update(0)
+live.png()  # the first draw of a view, before any move
 start = time.perf_counter()
 for index in range(len(states)):
-    draw_ring(states, index, redraw_ax)
-    redraw_fig.canvas.draw()  # render too: a slider move costs drawing and rendering
-plt.close(redraw_fig)
+    picture.update(index)
+    live.png()  # render too: a slider move costs drawing and rendering
 redraw_ms = (time.perf_counter() - start) / len(states) * 1e3
 print(f"one slider move: {redraw_ms:.0f} ms to draw and render the ring (measured, mean of 5)")
 

@@ -93,17 +93,19 @@ def test_a_figure_redrawn_along_the_choices_equals_one_drawn_fresh():
 
     from forge_course.sims.display import LiveFigure
 
-    def drawn(live, model, container, moved_to):
-        exploration = mx.explore_preset(model, container, moved_to=moved_to)
-        live.fig.set_size_inches(mx.figsize(exploration))  # as the view does
-        mx.draw(exploration, live.fig.axes[0], target=moved_to)
+    def live_table():  # as the view builds its figure
+        live = LiveFigure((11, 1.4))
+        return live, mx.TablePicture(live.fig.subplots())
 
-    live = LiveFigure((11, 1.4))
-    live.fig.subplots()
+    def drawn(live_and_table, model, container, moved_to):
+        live, table = live_and_table
+        exploration = mx.explore_preset(model, container, moved_to=moved_to)
+        mx.fit_figure(live.fig, exploration)
+        table.update(exploration, target=moved_to)
+        return live.pixels()
+
+    live = live_table()
     for (model, container), moved_to in zip(PRESETS, ["meta", None, "meta", None, "meta"]):
         drawn(live, model, container, moved_to)
-        live.pixels()
-    fresh = LiveFigure((11, 1.4))
-    fresh.fig.subplots()
-    drawn(fresh, model, container, moved_to)
-    assert np.array_equal(live.pixels(), fresh.pixels())
+    redrawn = drawn(live, model, container, moved_to)
+    assert np.array_equal(redrawn, drawn(live_table(), model, container, moved_to))

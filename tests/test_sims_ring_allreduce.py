@@ -72,19 +72,32 @@ def test_figures_redrawn_along_the_sliders_equal_ones_drawn_fresh():
     import numpy as np
 
     from forge_course.sims.display import LiveFigure
-    from forge_course.sims.ring_allreduce import ring_allreduce_steps
+    from forge_course.sims.ring_allreduce import RingPicture, memory_picture, ring_allreduce_steps
 
     states = ring_allreduce_steps([[1.0, 2.0, 3.0], [10.0, 20.0, 30.0], [100.0, 200.0, 300.0]])
-    ring, memory = LiveFigure((7.5, 6.2)), LiveFigure((7.5, 3.6))
-    ring_ax, memory_ax = ring.fig.subplots(), memory.fig.subplots()
-    for index in range(len(states)):
-        draw_ring(states, index, ring_ax)
+
+    def live(figsize, picture):  # as the views build their figures
+        figure = LiveFigure(figsize)
+        drawn = picture(figure.fig)
+        figure.moving(drawn.moving_artists)
+        return figure, drawn
+
+    (ring, ring_picture), (memory, memory_drawn) = (
+        live((7.5, 6.2), lambda fig: RingPicture(fig.subplots(), states)),
+        live((7.5, 3.6), memory_picture),
+    )
+    for index in [*range(len(states)), 0, 3]:
+        ring_picture.update(index)
         ring.pixels()
-    for params, ranks, stage in ((1e9, 8, 0), (3e6, 64, 3), (1e12, 1, 1), (2e9, 4, 2)):
-        draw_memory(params, ranks, stage, memory_ax)
+    for params, ranks, stage in ((1e9, 8, 0), (1e9, 64, 3), (3e6, 64, 3), (1e12, 1, 1),
+                                 (2e9, 4, 2)):  # fmt: skip
+        memory_drawn.update(params, ranks, stage)
         memory.pixels()
-    fresh_ring, fresh_memory = LiveFigure((7.5, 6.2)), LiveFigure((7.5, 3.6))
-    draw_ring(states, len(states) - 1, fresh_ring.fig.subplots())
-    draw_memory(2e9, 4, 2, fresh_memory.fig.subplots())
+    (fresh_ring, fresh_ring_picture), (fresh_memory, fresh_memory_picture) = (
+        live((7.5, 6.2), lambda fig: RingPicture(fig.subplots(), states)),
+        live((7.5, 3.6), memory_picture),
+    )
+    fresh_ring_picture.update(3)
+    fresh_memory_picture.update(2e9, 4, 2)
     assert np.array_equal(ring.pixels(), fresh_ring.pixels())
     assert np.array_equal(memory.pixels(), fresh_memory.pixels())

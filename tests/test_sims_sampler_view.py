@@ -3,6 +3,7 @@
 import time
 
 import matplotlib
+import matplotlib.figure
 import numpy as np
 import pytest
 import torch
@@ -131,35 +132,53 @@ def test_static_figures_draw_without_widgets():
 
 
 def test_figures_redrawn_along_the_sliders_equal_ones_drawn_fresh():
-    from forge_course.sims.display import LiveFigure, tight_layout_afresh
+    from forge_course.sims.display import LiveFigure
 
     labels = make_imbalanced(900, 100, seed=0)[1]
     lengths = [3, 17, 5, 40, 12, 8, 25, 9, 31, 2, 14, 22] * 4
 
-    def composition_drawn(live, sampler, batch_size):
-        sv.draw_composition(sv.composition(labels, sampler, batch_size, seed=0),
-                            live.fig.axes[0], sampler)  # fmt: skip
-        tight_layout_afresh(live.fig)  # as the view does
+    def composition_live():  # as sampler_view builds its figure
+        live = LiveFigure((10, 3))
+        picture = sv.composition_picture(live.fig, labels)
+        live.moving(picture.moving_artists)
+        return live, picture
 
-    def padding_drawn(live, batch_size, multiplier):
-        for ax, bucketed in zip(live.fig.axes, (False, True)):
-            batches = sv.epoch_batches(lengths, batch_size, bucketed, multiplier=multiplier)
-            sv.draw_padding(lengths, batches, ax, f"{batch_size}, {multiplier}")
-        tight_layout_afresh(live.fig)
+    def composition_drawn(live_and_picture, sampler, batch_size, world_size):
+        live, picture = live_and_picture
+        comp = sv.composition(labels, sampler, batch_size, seed=0, world_size=world_size)
+        picture.update(comp, sampler)
+        return live.pixels()
 
-    composition, padding = LiveFigure((10, 3)), LiveFigure((10, 6))
-    composition.fig.subplots()
-    padding.fig.subplots(1, 2, sharey=True)
-    for sampler, batch_size in (("random", 32), ("weighted", 8), ("distributed", 128)):
-        composition_drawn(composition, sampler, batch_size)
-        composition.pixels()
+    def padding_live():  # as padding_view builds its figure
+        live = LiveFigure((10, 6))
+        picture = sv.PaddingPicture(live.fig, lengths)
+        live.moving(picture.moving_artists)
+        return live, picture
+
+    def padding_drawn(live_and_picture, batch_size, multiplier):
+        live, picture = live_and_picture
+        picture.update(sv.epoch_batches(lengths, batch_size, False),
+                       sv.epoch_batches(lengths, batch_size, True, multiplier=multiplier),
+                       batch_size, multiplier)  # fmt: skip
+        return live.pixels()
+
+    composition, padding = composition_live(), padding_live()
+    sweep = [("random", 32, 3), ("weighted", 8, 3), ("sequential", 128, 3), ("distributed", 24, 1)]
+    for sampler, batch_size, world_size in sweep:
+        composition_drawn(composition, sampler, batch_size, world_size)
     for batch_size, multiplier in ((8, 5), (2, 25), (32, 1), (4, 3)):
         padding_drawn(padding, batch_size, multiplier)
-        padding.pixels()
-    fresh_composition, fresh_padding = LiveFigure((10, 3)), LiveFigure((10, 6))
-    fresh_composition.fig.subplots()
-    fresh_padding.fig.subplots(1, 2, sharey=True)
-    composition_drawn(fresh_composition, "distributed", 128)
-    padding_drawn(fresh_padding, 4, 3)
-    assert np.array_equal(composition.pixels(), fresh_composition.pixels())
-    assert np.array_equal(padding.pixels(), fresh_padding.pixels())
+    redrawn = composition_drawn(composition, "distributed", 128, 3)
+    assert np.array_equal(redrawn, composition_drawn(composition_live(), "distributed", 128, 3))
+    redrawn = padding_drawn(padding, 4, 3)
+    assert np.array_equal(redrawn, padding_drawn(padding_live(), 4, 3))
+
+
+def test_composition_bars_span_their_batches_examples_on_a_fixed_axis():
+    picture = sv.CompositionPicture(matplotlib.figure.Figure().subplots(), {0: 900, 1: 100})
+    picture.update(sv.composition(LABELS, "distributed", 32), "distributed")
+    corners = picture.bars.get_paths()
+    assert len(corners) == 11  # rank 0 of 3: 334 examples, the last batch 14
+    assert corners[0].vertices[:, 0].min() == pytest.approx(0.075 * 32)
+    assert corners[-1].vertices[:, 0].max() == pytest.approx(320 + 0.925 * 14)
+    assert picture.ax.get_xlim() == (0, 1000)  # the data set, whatever the sampler

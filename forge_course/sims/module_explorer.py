@@ -5,19 +5,23 @@ The engine builds one of a few small models (`build`), walks it (`explore`) and 
 Python lists, tuples and dicts held as attributes, where ``nn.Module`` never looks, and marks the
 modules it finds there as unregistered: they are part of the forward pass, but not of
 ``parameters()``, ``state_dict()`` or ``.to()``. `draw` turns an `Exploration` into a table
-figure, and `module_explorer_view` wires the engine to a dropdown and two toggles.
+figure (a `TablePicture`, which the view keeps and refills per choice), and
+`module_explorer_view` wires the engine to a dropdown and two toggles.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.collections import PolyCollection
 from torch import nn
 
 from forge_course.sims.display import PALETTE, LiveFigure, show
+from forge_course.sims.pasted_text import PastedText
 
 SIZES = (4, 8, 8, 3)  # the chapter's running example: 4 inputs, two hidden layers of 8, 3 outputs
 CONTAINERS = ("plain list", "nn.ModuleList")
@@ -187,61 +191,130 @@ def figsize(exploration: Exploration) -> tuple[float, float]:
     return (11, 0.34 * len(exploration.rows) + 1.4)
 
 
+def fit_figure(fig, exploration: Exploration) -> None:
+    """Size a one-table ``fig`` for ``exploration`` (`figsize`), with margins in inches that fit
+    the two-line title (a layout engine would measure the figure at every draw)."""
+    width, height = figsize(exploration)
+    fig.set_size_inches(width, height)
+    fig.subplots_adjust(left=0.1 / width, right=1 - 0.1 / width, bottom=0.05 / height,
+                        top=1 - 0.55 / height)  # fmt: skip
+
+
+_SMALL = {"fontsize": 7.5, "color": PALETTE["black"]}  # the parameters, buffers and hooks
+
+
+def _row_texts(exploration: Exploration, target: str | None) -> list[tuple]:
+    """The texts of the table's rows as ``(x, y, text, style)``, row ``i`` (from 1) centred at
+    ``y = i + 0.5``; ``target`` as in `draw`."""
+    target = _resolved(target) if target is not None else None
+    texts = []
+    for i, row in enumerate(exploration.rows, start=1):
+        mark = "" if row.registered else "✗ "
+        label = "    " * row.depth + mark + (row.path or "(the model)") + f"  {row.kind}"
+        colour = PALETTE["black"] if row.registered else PALETTE["vermillion"]
+        texts.append((0.005, i + 0.5, label, {"fontsize": 8, "color": colour}))
+        cells = (", ".join(row.parameters), ", ".join(row.buffers), str(row.hooks or ""))
+        for (x, _), text in zip(_COLUMNS[1:], cells):
+            texts.append((x + 0.005, i + 0.5, text or "–", _SMALL))
+        left_behind = target is not None and any(d != target for d in row.devices)
+        device = {
+            "fontsize": 8,
+            "color": PALETTE["vermillion"] if left_behind else PALETTE["blue"],
+            "fontweight": "bold" if left_behind else "normal",
+        }
+        texts.append((_DEVICE_COLUMN + 0.005, i + 0.5, ", ".join(row.devices) or "–", device))
+    return texts
+
+
+def _cell(x: float, y: float, text: str, **style) -> PastedText:
+    """A table cell's text, left-aligned, centred on its row: the cells repeat from one choice
+    to the next, so they are pasted, not drawn glyph by glyph (50 ms for a model with
+    BatchNorm)."""
+    return PastedText(x, y, text, ha="left", va="center", **style)
+
+
+def render_every_cell(target: str, dpi: float) -> None:
+    """Draw, once, every cell `module_explorer_view` can show for ``target`` (moved there or
+    not), so that no first choice of a model waits for its texts (30 ms for a model with
+    BatchNorm, at Agg's 0.1 ms a glyph)."""
+    for model in MODELS:
+        for container in CONTAINERS:
+            for moved_to in (target, None):
+                exploration = explore_preset(model, container, moved_to=moved_to)
+                for x, y, text, style in _row_texts(exploration, moved_to):
+                    _cell(x, y, text, **style).picture(dpi)
+
+
+class TablePicture:
+    """`draw`'s table on one axes: a choice moves, rewrites, shows or hides the texts it holds
+    and reshapes the rows' shading, and the title says what the table shows.
+
+    Nothing is cleared or made anew per choice: clearing an axes rebuilds its ticks, even off,
+    and every new artist is garbage to collect later.
+    """
+
+    def __init__(self, ax) -> None:
+        self.ax = ax
+        ax.axis("off")
+        ax.set_xlim(0, 1)
+        for x, name in (*_COLUMNS, (_DEVICE_COLUMN, "device")):
+            ax.add_artist(_cell(x + 0.005, 0.5, name, fontsize=9, fontweight="bold"))
+        # One collection for the rows' shading: a patch each would cost 0.7 ms to add.
+        self.shading = ax.add_collection(
+            PolyCollection([], edgecolors=PALETTE["grey"], linewidths=0.5), autolim=False
+        )
+        self.cells: list[PastedText] = []  # as many as the longest table shown so far
+        self.footer = ax.add_artist(
+            _cell(
+                0.005,
+                0,
+                "✗ shaded rows: modules in a plain Python container, outside the tree that "
+                "parameters(), state_dict() and .to() walk. Bold vermillion device: left behind "
+                "by .to().",
+                fontsize=7.5,
+                color=PALETTE["grey"],
+            )
+        )
+        # Placed (y given), not measured against the axes' ticks at every draw: they are off.
+        self.title = ax.set_title(" \n ", fontsize=10, loc="left", y=1.0)
+
+    def update(self, exploration: Exploration, target: str | None = None) -> None:
+        """Show ``exploration``; ``target`` as in `draw`."""
+        ax, rows = self.ax, exploration.rows
+        n = len(rows) + 1
+        ax.set_ylim(n + 0.8, 0)
+        self.shading.set_verts(
+            [[(0, i + 0.05), (0, i + 0.95), (1, i + 0.95), (1, i + 0.05)] for i in range(1, n)]
+        )
+        self.shading.set_facecolor(["#ffffff" if row.registered else "#f6d9c7" for row in rows])
+        texts = _row_texts(exploration, target)
+        while len(self.cells) < len(texts):
+            self.cells.append(ax.add_artist(_cell(0, 0, "")))
+        for cell, shown in itertools.zip_longest(self.cells, texts):
+            cell.set_visible(shown is not None)
+            if shown is not None:
+                x, y, text, style = shown
+                cell.set(x=x, y=y, text=text, **{"fontweight": "normal", **style})
+        self.footer.set_y(n + 0.4)
+        self.title.set_text(
+            f"{exploration.title}\nmodel.parameters(): {exploration.optimizer_sees} of "
+            f"{exploration.total} values · state_dict(): {exploration.state_dict_entries} "
+            f"entries · devices: {', '.join(exploration.devices)}"
+        )
+
+
 def draw(exploration: Exploration, ax=None, target: str | None = None):
     """Draw the tree as a table: one line per submodule, unregistered ones in vermillion.
 
     ``target`` is the device the model was asked to move to; a tensor left elsewhere is
     highlighted.
     """
-    rows = exploration.rows
-    target = _resolved(target) if target is not None else None
     if ax is None:
         fig, ax = plt.subplots(figsize=figsize(exploration))
     else:
         fig = ax.figure
     ax.clear()
-    ax.axis("off")
-    n = len(rows) + 1
-    ax.set_xlim(0, 1)
-    ax.set_ylim(n + 0.8, 0)
-    for x, name in (*_COLUMNS, (_DEVICE_COLUMN, "device")):
-        ax.text(x + 0.005, 0.5, name, fontsize=9, fontweight="bold", va="center")
-    for i, row in enumerate(rows, start=1):
-        fill = "#ffffff" if row.registered else "#f6d9c7"
-        ax.add_patch(plt.Rectangle((0, i + 0.05), 1, 0.9, color=fill, ec=PALETTE["grey"], lw=0.5))
-        mark = "" if row.registered else "✗ "
-        label = "    " * row.depth + mark + (row.path or "(the model)") + f"  {row.kind}"
-        colour = PALETTE["black"] if row.registered else PALETTE["vermillion"]
-        ax.text(0.005, i + 0.5, label, fontsize=8, va="center", color=colour)
-        cells = (", ".join(row.parameters), ", ".join(row.buffers), str(row.hooks or ""))
-        for (x, _), text in zip(_COLUMNS[1:], cells):
-            ax.text(x + 0.005, i + 0.5, text or "–", fontsize=7.5, va="center")
-        left_behind = target is not None and any(d != target for d in row.devices)
-        ax.text(
-            _DEVICE_COLUMN + 0.005,
-            i + 0.5,
-            ", ".join(row.devices) or "–",
-            fontsize=8,
-            va="center",
-            color=PALETTE["vermillion"] if left_behind else PALETTE["blue"],
-            fontweight="bold" if left_behind else "normal",
-        )
-    ax.text(
-        0.005,
-        n + 0.4,
-        "✗ shaded rows: modules in a plain Python container, outside the tree that "
-        "parameters(), state_dict() and .to() walk. Bold vermillion device: left behind by .to().",
-        fontsize=7.5,
-        va="center",
-        color=PALETTE["grey"],
-    )
-    ax.set_title(
-        f"{exploration.title}\nmodel.parameters(): {exploration.optimizer_sees} of "
-        f"{exploration.total} values · state_dict(): {exploration.state_dict_entries} entries · "
-        f"devices: {', '.join(exploration.devices)}",
-        fontsize=10,
-        loc="left",
-    )
+    TablePicture(ax).update(exploration, target)
     return fig
 
 
@@ -270,13 +343,14 @@ def module_explorer_view(target: str = "meta") -> None:
         description="device",
     )
     live = LiveFigure((11, 1.4))
-    ax = live.fig.subplots()
+    table = TablePicture(live.fig.subplots())
+    render_every_cell(target, live.fig.dpi)
 
     def redraw(*_):
         where = target if moved.value != "as built" else None
         exploration = explore_preset(model.value, container.value, moved_to=where)
-        live.fig.set_size_inches(figsize(exploration))  # the rows of this model
-        draw(exploration, ax, target=where)
+        fit_figure(live.fig, exploration)  # the rows of this model
+        table.update(exploration, target=where)
         live.refresh()
 
     for control in (model, container, moved):

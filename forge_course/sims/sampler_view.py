@@ -10,7 +10,9 @@ the pictures show what a ``DataLoader`` would do):
   or bucketed by length, and each batch as a grid of real tokens and padding.
 
 `draw_composition`, `draw_padding` and `draw_shards` draw them; `sampler_view` and
-`padding_view` wire them to widgets. Tests drive the engines; the browser test checks the views.
+`padding_view` wire them to widgets, each keeping one picture (`CompositionPicture`,
+`PaddingPicture`) whose axes are drawn once and whose data an event updates. Tests drive the
+engines; the browser test checks the views.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from matplotlib.colors import ListedColormap
+from matplotlib.collections import LineCollection, PolyCollection
 from torch.utils.data import (
     BatchSampler,
     DistributedSampler,
@@ -35,7 +37,7 @@ from forge_course.reference.sampling import (
     inverse_frequency_weights,
     padding_tokens,
 )
-from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
+from forge_course.sims.display import PALETTE, LiveFigure, show
 
 SAMPLERS = ("sequential", "random", "weighted", "weighted, no replacement", "distributed")
 
@@ -127,41 +129,93 @@ def composition(
     )
 
 
+def _rectangles(left, right, bottom, top) -> np.ndarray:
+    """Rectangles as ``[n, 4, 2]`` corners, for a ``PolyCollection``: each argument an array
+    of n, or one number for all."""
+    left, right, bottom, top = np.broadcast_arrays(left, right, bottom, top)
+    xs = np.stack([left, left, right, right], axis=1)
+    return np.stack([xs, np.stack([bottom, top, top, bottom], axis=1)], axis=-1)
+
+
+class CompositionPicture:
+    """`draw_composition`'s axes, made once for a data set: an epoch changes only the bars and
+    the title.
+
+    The x axis counts examples, one bar per batch as wide as the batch, so its range (the data
+    set) holds for every sampler, batch size and rank: a live view draws the axes once and a
+    rank's shorter epoch looks shorter.
+    """
+
+    def __init__(self, ax, class_sizes: dict[int, int], names=("dogs", "cats")) -> None:
+        self.ax, self.names = ax, names
+        total = sum(class_sizes.values())
+        self.bars = PolyCollection([], facecolors=PALETTE["orange"], edgecolors="none")
+        ax.add_collection(self.bars, autolim=False)
+        data_share = min(class_sizes.values()) / total
+        self.lines = [
+            ax.axhline(data_share, color=PALETTE["black"], ls="--", lw=1,
+                       label="share in the data"),
+            ax.axhline(0.5, color=PALETTE["blue"], ls=":", lw=1.2, label="one half"),
+        ]  # fmt: skip
+        ax.set(ylim=(0, 1), xlim=(0, total))
+        ax.set_ylabel(f"share of {names[1]} in the batch")
+        self.title = ax.set_title(" ", fontsize=9, loc="left")
+
+    def moving_artists(self) -> list:
+        """What `update` changes, then what a full draw puts over the bars; everything else
+        stays as first drawn."""
+        return [self.bars, *self.lines, *self.ax.spines.values(), self.title]
+
+    def update(self, comp: Composition, title: str) -> None:
+        """Bars of ``comp``'s epoch: each batch's minority share, over the examples it holds."""
+        sizes = np.asarray(comp.sizes, dtype=float)
+        starts = np.cumsum(sizes) - sizes
+        self.bars.set_verts(
+            _rectangles(starts + 0.075 * sizes, starts + 0.925 * sizes, 0.0, comp.shares)
+        )
+        minority = min(comp.class_sizes, key=comp.class_sizes.get)
+        majority = max(comp.class_sizes, key=comp.class_sizes.get)
+        names = self.names
+        self.title.set_text(
+            f"{title}: {comp.minority_share:.0%} {names[1]} over the epoch, "
+            f"{comp.batches_without_minority} of {len(comp.shares)} batches without one, "
+            f"{comp.distinct_seen[minority]}/{comp.class_sizes[minority]} {names[1]} and "
+            f"{comp.distinct_seen[majority]}/{comp.class_sizes[majority]} {names[0]} seen"
+        )
+
+
 def draw_composition(comp: Composition, ax, title: str, names=("dogs", "cats")) -> None:
     """Bars: the minority share of each batch; lines: the data set's share and one half."""
-    data_share = min(comp.class_sizes.values()) / sum(comp.class_sizes.values())
     ax.clear()
-    ax.bar(range(len(comp.shares)), comp.shares, color=PALETTE["orange"], width=0.85)
-    ax.axhline(data_share, color=PALETTE["black"], ls="--", lw=1, label="share in the data")
-    ax.axhline(0.5, color=PALETTE["blue"], ls=":", lw=1.2, label="one half")
-    minority = min(comp.class_sizes, key=comp.class_sizes.get)
-    majority = max(comp.class_sizes, key=comp.class_sizes.get)
-    ax.set(ylim=(0, 1), xlim=(-0.7, max(len(comp.shares), 1) - 0.3))
-    ax.set_ylabel(f"share of {names[1]} in the batch")
-    ax.set_title(
-        f"{title}: {comp.minority_share:.0%} {names[1]} over the epoch, "
-        f"{comp.batches_without_minority} of {len(comp.shares)} batches without one, "
-        f"{comp.distinct_seen[minority]}/{comp.class_sizes[minority]} {names[1]} and "
-        f"{comp.distinct_seen[majority]}/{comp.class_sizes[majority]} {names[0]} seen",
-        fontsize=9,
-        loc="left",
-    )
+    CompositionPicture(ax, comp.class_sizes, names).update(comp, title)
 
 
 def composition_figure(labels, batch_size: int = 32, seed: int = 0, names=("dogs", "cats")):
     """Every sampler's first epoch, one row each (the view's picture without widgets)."""
     comps = [composition(labels, sampler, batch_size, seed=seed) for sampler in SAMPLERS]
-    fig, axes = plt.subplots(len(SAMPLERS), 1, figsize=(10, 9), sharex=True)
+    fig, axes = plt.subplots(len(SAMPLERS), 1, figsize=(10, 9), sharex=True, sharey=True)
     for ax, sampler, comp in zip(axes, SAMPLERS, comps):
         label = "distributed (rank 0 of 3)" if sampler == "distributed" else sampler
         draw_composition(comp, ax, label, names)
-    # One x range for all, so a rank's shorter epoch looks shorter.
-    axes[0].set_xlim(-0.7, max(len(c.shares) for c in comps) - 0.3)
+        if ax is not axes[len(axes) // 2]:
+            ax.set_ylabel("")  # one label for the shared y axis: a row is shorter than it
     axes[0].legend(loc="upper left", fontsize=8)
-    axes[-1].set_xlabel(f"batch in the epoch (batch size {batch_size})")
+    axes[-1].set_xlabel(f"examples into the epoch, one bar per batch of {batch_size}")
     fig.suptitle("Share of the rare class in each batch of one epoch, per sampler", y=1.0)
     fig.tight_layout()
     return fig
+
+
+def composition_picture(fig, labels, names=("dogs", "cats")) -> CompositionPicture:
+    """`sampler_view`'s picture of ``labels`` on a 10 × 3 inch ``fig``, laid out once, by
+    margins that fit its labels (a layout engine would measure the figure at every draw)."""
+    class_sizes = composition(labels, "sequential").class_sizes  # the data set's, as any sampler
+    width, height = fig.get_size_inches()
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.7 / width, right=1 - 0.3 / width, bottom=0.6 / height,
+                        top=1 - 0.35 / height)  # fmt: skip
+    ax.set_xlabel("examples into the epoch, one bar per batch")
+    return CompositionPicture(ax, class_sizes, names)
 
 
 def sampler_view(labels, batch_size: int = 32, seed: int = 0, names=("dogs", "cats")) -> None:
@@ -176,7 +230,8 @@ def sampler_view(labels, batch_size: int = 32, seed: int = 0, names=("dogs", "ca
     rank = widgets.IntSlider(0, 0, 2, description="rank")
     call_set_epoch = widgets.Checkbox(True, description="call set_epoch(epoch)")
     live = LiveFigure((10, 3))
-    ax = live.fig.subplots()
+    picture = composition_picture(live.fig, labels, names)
+    live.moving(picture.moving_artists)
 
     def redraw(*_):
         rank.max = world.value - 1
@@ -189,9 +244,7 @@ def sampler_view(labels, batch_size: int = 32, seed: int = 0, names=("dogs", "ca
         title = f"{sampler.value}, epoch {epoch.value}"
         if sampler.value == "distributed":
             title += f", rank {rank.value} of {world.value}"
-        draw_composition(comp, ax, title, names)
-        ax.set_xlabel("batch in the epoch")
-        tight_layout_afresh(live.fig)
+        picture.update(comp, title)
         live.refresh()
 
     for w in (sampler, size, seed_box, epoch, world, rank, call_set_epoch):
@@ -302,39 +355,94 @@ def padding_stats(lengths: Sequence[int], batches: list[list[int]]) -> dict[str,
     }
 
 
-_GRID_COLOURS = ListedColormap(["#ffffff", PALETTE["blue"], PALETTE["orange"]])
+def _staircase(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """The outline of rows ``i`` (from ``i - 0.5`` to ``i + 0.5`` in y), each filled from
+    ``left[i]`` to ``right[i]`` in x: down the right ends, back up the left ones."""
+    top = np.arange(len(left)) - 0.5
+    down = np.stack([right.repeat(2), np.stack([top, top + 1], axis=1).ravel()], axis=1)
+    up = np.stack([left.repeat(2), np.stack([top, top + 1], axis=1).ravel()], axis=1)[::-1]
+    return np.concatenate([down, up])
+
+
+class PaddingPanel:
+    """`draw_padding`'s axes, made once for the reviews' ``lengths``: an epoch changes the fill
+    of the rows, the lines between batches and the title, never the axes (a row per example, a
+    column per position up to the longest)."""
+
+    def __init__(self, ax, lengths: Sequence[int]) -> None:
+        self.ax, self.lengths = ax, lengths
+        # The grid's tokens and its padding as one polygon each, a staircase whose steps are
+        # the rows: a millisecond to draw, where an image of the grid takes fifteen to resample
+        # and a bar per row as long to build. Aliased, so that they meet without a seam, as the
+        # grid's cells do.
+        self.rows = PolyCollection([], facecolors=[PALETTE["blue"], PALETTE["orange"]],
+                                   edgecolors="none", antialiaseds=False)  # fmt: skip
+        ax.add_collection(self.rows, autolim=False)
+        # Across the axes whatever its x range, at a y in rows, as axhline draws.
+        self.edges = LineCollection([], colors=PALETTE["black"], lw=0.6,
+                                    transform=ax.get_yaxis_transform())  # fmt: skip
+        ax.add_collection(self.edges, autolim=False)
+        ax.set(xlim=(-0.5, max(lengths, default=0) - 0.5), ylim=(len(lengths) - 0.5, -0.5))
+        ax.set_xlabel("position in the padded batch (tokens)")
+        self.title = ax.set_title(" \n ", fontsize=10)
+
+    def moving_artists(self) -> list:
+        """What `update` changes, then the spines, which a full draw puts over the rows;
+        everything else stays as first drawn."""
+        return [self.rows, self.edges, *self.ax.spines.values(), self.title]
+
+    def update(self, batches: list[list[int]], title: str) -> None:
+        stats = padding_stats(self.lengths, batches)
+        grid = token_grid(self.lengths, batches)
+        tokens, widths = (grid == TOKEN).sum(axis=1) - 0.5, (grid != 0).sum(axis=1) - 0.5
+        self.rows.set_verts([_staircase(np.full(len(grid), -0.5), tokens),
+                             _staircase(tokens, widths)])  # fmt: skip
+        edges = np.cumsum([len(batch) for batch in batches[:-1]]) - 0.5
+        self.edges.set_segments([[(0, edge), (1, edge)] for edge in edges])
+        self.title.set_text(
+            f"{title}\n{stats['padding']:,} padding positions = {stats['pad_fraction']:.0%} of "
+            f"{stats['tokens'] + stats['padding']:,}"
+        )
 
 
 def draw_padding(lengths, batches, ax, title: str) -> None:
     """The epoch's batches as grids: blue tokens, orange padding, a line between batches."""
-    stats = padding_stats(lengths, batches)
     ax.clear()
-    ax.imshow(token_grid(lengths, batches), cmap=_GRID_COLOURS, vmin=0, vmax=2,
-              aspect="auto", interpolation="nearest")  # fmt: skip
-    edge = -0.5
-    for batch in batches[:-1]:
-        edge += len(batch)
-        ax.axhline(edge, color=PALETTE["black"], lw=0.6)
-    ax.set(xlabel="position in the padded batch (tokens)", ylabel="example, batch after batch")
-    ax.set_title(
-        f"{title}\n{stats['padding']:,} padding positions = {stats['pad_fraction']:.0%} of "
-        f"{stats['tokens'] + stats['padding']:,}",
-        fontsize=10,
-    )
+    PaddingPanel(ax, lengths).update(batches, title)
+    ax.set_ylabel("example, batch after batch")
+
+
+class PaddingPicture:
+    """`padding_view`'s two panels on a 10 × 6 inch ``fig``, random batches (left) and bucketed
+    ones (right), laid out once by margins that fit their labels."""
+
+    def __init__(self, fig, lengths: Sequence[int]) -> None:
+        width, height = fig.get_size_inches()
+        left_ax, right_ax = fig.subplots(1, 2, sharey=True)
+        fig.subplots_adjust(left=0.75 / width, right=1 - 0.15 / width, bottom=0.6 / height,
+                            top=1 - 0.9 / height, wspace=0.05)  # fmt: skip
+        self.panels = (PaddingPanel(left_ax, lengths), PaddingPanel(right_ax, lengths))
+        left_ax.set_ylabel("example, batch after batch")
+        fig.suptitle("One epoch of the reviews: real tokens (blue) and padding (orange)")
+
+    def moving_artists(self) -> list:
+        return [artist for panel in self.panels for artist in panel.moving_artists()]
+
+    def update(self, random_batches, bucketed, batch_size: int, multiplier: int) -> None:
+        """Both epochs, titled with the batch size and the multiplier they were drawn with."""
+        self.panels[0].update(random_batches, f"random batches of {batch_size}")
+        self.panels[1].update(bucketed, f"bucketed by length (multiplier {multiplier})")
 
 
 def padding_figure(lengths, batch_size: int = 8, multiplier: int = 5, seed: int = 0):
     """Random and bucketed batches of one epoch, side by side (the view without widgets)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 6), sharey=True)
-    draw_padding(lengths, epoch_batches(lengths, batch_size, False, seed=seed), left,
-                 f"random batches of {batch_size}")  # fmt: skip
-    draw_padding(
-        lengths, epoch_batches(lengths, batch_size, True, seed=seed, multiplier=multiplier),
-        right, f"bucketed by length (multiplier {multiplier})",
-    )  # fmt: skip
-    right.set_ylabel("")
-    fig.suptitle("One epoch of the reviews: real tokens (blue) and padding (orange)")
-    fig.tight_layout()
+    fig = plt.figure(figsize=(10, 6))
+    PaddingPicture(fig, lengths).update(
+        epoch_batches(lengths, batch_size, False, seed=seed),
+        epoch_batches(lengths, batch_size, True, seed=seed, multiplier=multiplier),
+        batch_size,
+        multiplier,
+    )
     return fig
 
 
@@ -347,15 +455,14 @@ def padding_view(lengths, batch_size: int = 8, multiplier: int = 5, seed: int = 
     seed_box = widgets.BoundedIntText(seed, 0, 10_000, description="seed")
     epoch = widgets.IntSlider(0, 0, 5, description="epoch")
     live = LiveFigure((10, 6))
-    axes = live.fig.subplots(1, 2, sharey=True)
+    picture = PaddingPicture(live.fig, lengths)
+    live.moving(picture.moving_artists)
 
     def redraw(*_):
         options = {"seed": seed_box.value, "epoch": epoch.value}
         random_batches = epoch_batches(lengths, size.value, False, **options)
         bucketed = epoch_batches(lengths, size.value, True, multiplier=mult.value, **options)
-        draw_padding(lengths, random_batches, axes[0], f"random batches of {size.value}")
-        draw_padding(lengths, bucketed, axes[1], f"bucketed (multiplier {mult.value})")
-        tight_layout_afresh(live.fig)
+        picture.update(random_batches, bucketed, size.value, mult.value)
         live.refresh()
 
     for w in (size, mult, seed_box, epoch):
