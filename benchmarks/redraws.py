@@ -76,7 +76,16 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
 
     def timeline_after():
         live = LiveFigure((10, 2.2))
-        return lambda k: (timeline.draw_timeline(timeline_update(k), live.fig), live.png())
+        picture = timeline.TimelinePicture(live.fig, with_summary=False)
+        live.moving(picture.moving_artists)
+
+        def update(k):
+            tl = timeline_update(k)
+            timeline.summary(tl)  # the view prints it beside the figure
+            picture.update(tl)
+            return live.png()
+
+        return update
 
     # ch01: x, with a backward press after each recording.
     def tape_after():
