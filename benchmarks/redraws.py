@@ -293,7 +293,13 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
 
     def profile_after():
         live = LiveFigure((10, 1.4))
-        return lambda workers: (profile(workers, live.fig), live.png())
+        picture = profile_explorer.ProfilePicture(live.fig)
+        live.moving(picture.moving_artists)
+        slowest = profile_explorer.simulate(19.2, 0.7, 0).end_ms  # the view's time axis
+        return lambda workers: (
+            picture.update(profile_explorer.simulate(19.2, 0.7, workers, 2), span_ms=slowest),
+            live.png(),
+        )
 
     def fresh(draw: Callable[[object], object]) -> Callable[[], Update]:
         return lambda: lambda value: inline_png(draw(value))
