@@ -115,7 +115,8 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
 
     def pipeline_after():
         live = LiveFigure((11, 1.5))
-        return lambda b: (pipeline.draw_plan(plan(b), live.fig), live.png())
+        picture = pipeline.PlanPicture(live.fig)
+        return lambda b: (picture.update(plan(b)), live.png())
 
     # ch03: the batch size of a random sampler over 900 dogs and 100 cats.
     labels = make_imbalanced(900, 100, seed=0)[1]
