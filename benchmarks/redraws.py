@@ -90,12 +90,14 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     # ch01: x, with a backward press after each recording.
     def tape_after():
         recorder, live = tape.TapeRecorder("running example", 2.0, 3.0), on_axes((6.4, 1.6))
+        picture = tape.TapePicture(live.fig.axes[0])
+        live.moving(picture.moving_artists)
 
         def update(x):
             recorder.record("running example", x, 3.0)
             state = recorder.backward()
             live.fig.set_size_inches(tape.figsize(state))
-            tape.draw_tape(state, live.fig.axes[0])
+            picture.update(state)
             return live.png()
 
         return update
