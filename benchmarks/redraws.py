@@ -118,6 +118,7 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     def pipeline_after():
         live = LiveFigure((11, 1.5))
         picture = pipeline.PlanPicture(live.fig)
+        live.moving(picture.moving_artists)
         return lambda b: (picture.update(plan(b)), live.png())
 
     # ch03: the batch size of a random sampler over 900 dogs and 100 cats.

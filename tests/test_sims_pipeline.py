@@ -178,7 +178,10 @@ def test_a_figure_redrawn_along_the_sliders_equals_one_drawn_fresh():
 
     live = LiveFigure((11, 1.5))
     picture = PlanPicture(live.fig)  # as the view keeps it
-    for n, batch_size, workers in ((100, 16, 2), (30, 4, 0), (100, 32, 4), (50, 8, 1)):
+    live.moving(picture.moving_artists)
+    # Figures of new sizes and cells, and (the last three) of one size, drawn over a background.
+    for n, batch_size, workers in ((100, 16, 2), (30, 4, 0), (100, 32, 4), (50, 8, 3),
+                                   (50, 8, 0), (50, 8, 1)):  # fmt: skip
         picture.update(plan_epoch(n, batch_size, shuffle=True, num_workers=workers))
         live.pixels()
     fresh = LiveFigure((11, 1.5))

@@ -278,6 +278,12 @@ class PlanPicture:
         bottom.axis("off")
         self.title = fig.suptitle("", fontsize=10)
 
+    def moving_artists(self) -> list:
+        """What `update` changes; the stages' boxes, names and arrows stay as drawn."""
+        return [self.details.collection, self.swatches, self.cells, self.unseen,
+                self.indices.collection, self.labels.collection, self.notes.collection,
+                self.title]  # fmt: skip
+
     def texts(self) -> list[str]:
         """Every text of the batches: labels, indices and notes."""
         return self.labels.words + self.indices.words + self.notes.words
@@ -373,6 +379,7 @@ def pipeline_view(
     }
     live = LiveFigure((11, 1.5))
     picture = PlanPicture(live.fig)
+    live.moving(picture.moving_artists)  # the whole figure when it grows or its cells change
 
     def redraw(*_):
         picture.update(plan_epoch(seed=seed, **{name: w.value for name, w in controls.items()}))
