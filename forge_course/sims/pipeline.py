@@ -330,7 +330,10 @@ class PlanPicture:
         noted = [(f"→ [{len(row[1])}]  {row[3]}", y) for row, y in zip(rows, ys) if row[3]]
         self.notes.set([n for n, _ in noted], [(columns + 0.3, y) for _, y in noted],
                        ["black"] * len(noted))  # fmt: skip
-        self.bottom.set_xlim(-0.2, columns + 6.5)
+        # Room on the right for the widest note (a share of the axes' width, in points).
+        widths = [np.ptp(_bounds(_outline(n, "left"))[:, 0]) for n, _ in noted] or [0.0]
+        share = max(widths) * self.notes.fontsize / OUTLINE_SIZE / (0.78 * 11 * 72)
+        self.bottom.set_xlim(-0.2, max(columns + 6.5, (columns + 0.4 + 0.2 * share) / (1 - share)))
         self.bottom.set_ylim(-0.1, len(rows))
         ahead = s["num_workers"] * s["prefetch_factor"]
         extra = f"; up to {ahead} batches requested ahead of the model" if ahead else ""
