@@ -76,17 +76,28 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
 
     def timeline_after():
         live = LiveFigure((10, 2.2))
-        return lambda k: (timeline.draw_timeline(timeline_update(k), live.fig), live.png())
+        picture = timeline.TimelinePicture(live.fig, with_summary=False)
+        live.moving(picture.moving_artists)
+
+        def update(k):
+            tl = timeline_update(k)
+            timeline.summary(tl)  # the view prints it beside the figure
+            picture.update(tl)
+            return live.png()
+
+        return update
 
     # ch01: x, with a backward press after each recording.
     def tape_after():
         recorder, live = tape.TapeRecorder("running example", 2.0, 3.0), on_axes((6.4, 1.6))
+        picture = tape.TapePicture(live.fig.axes[0])
+        live.moving(picture.moving_artists)
 
         def update(x):
             recorder.record("running example", x, 3.0)
             state = recorder.backward()
             live.fig.set_size_inches(tape.figsize(state))
-            tape.draw_tape(state, live.fig.axes[0])
+            picture.update(state)
             return live.png()
 
         return update
@@ -106,7 +117,9 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
 
     def pipeline_after():
         live = LiveFigure((11, 1.5))
-        return lambda b: (pipeline.draw_plan(plan(b), live.fig), live.png())
+        picture = pipeline.PlanPicture(live.fig)
+        live.moving(picture.moving_artists)
+        return lambda b: (picture.update(plan(b)), live.png())
 
     # ch03: the batch size of a random sampler over 900 dogs and 100 cats.
     labels = make_imbalanced(900, 100, seed=0)[1]
@@ -294,7 +307,13 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
 
     def profile_after():
         live = LiveFigure((10, 1.4))
-        return lambda workers: (profile(workers, live.fig), live.png())
+        picture = profile_explorer.ProfilePicture(live.fig)
+        live.moving(picture.moving_artists)
+        slowest = profile_explorer.simulate(19.2, 0.7, 0).end_ms  # the view's time axis
+        return lambda workers: (
+            picture.update(profile_explorer.simulate(19.2, 0.7, workers, 2), span_ms=slowest),
+            live.png(),
+        )
 
     def fresh(draw: Callable[[object], object]) -> Callable[[], Update]:
         return lambda: lambda value: inline_png(draw(value))

@@ -393,7 +393,7 @@ arithmetic_timeline_view(dataset_size=N, batch_size=B, epochs=EPOCHS, accum_step
 
 # %% [markdown]
 # *Alt text: two panels, "Correct loop" above "Naive loop", each with three rows (epochs 1 to
-# 3) of small blocks: micro-batches 1 to 8, a gap marked "⋯ 289 ⋯", then micro-batches 298 to
+# 3) of small blocks: micro-batches 1 to 16, a gap marked "⋯ 281 ⋯", then micro-batches 298 to
 # 313. Black bars after every fourth block mark updates. The last block of each row is half as
 # tall (16 examples) and orange. In the upper panel a bar follows it; in the lower panel it is
 # hatched, with no bar, and the first update of epochs 2 and 3 is drawn in red. The text above

@@ -432,7 +432,8 @@ print(f"a batch of {BATCH}: load {load:.2f} ms, compute {compute:.2f} ms")
 # ### The explorer
 #
 # Slide the number of workers, the batch size and `prefetch_factor`. The title gives the
-# steady step time, the time per example and the share of it the model spends waiting.
+# steady step time, the time per example and the share of it the model spends waiting. The
+# time axis spans the same steps run without workers, so the bars end earlier as workers join.
 #
 # Things to try: workers from 0 upwards, until the grey gaps close (that is where
 # $L / W \le C$); then a bigger batch (compute's fixed part is paid once per step, so the

@@ -97,9 +97,24 @@ def test_presets_are_valid_runs():
 def test_the_drawing_has_both_loops_and_the_numbers():
     fig = sim.draw_timeline(sim.timeline(100, 16, 3, 4))
     titles = [ax.get_title(loc="left") for ax in fig.axes]
-    assert titles[0].startswith("Correct loop") and "2 updates per epoch" in titles[0]
-    assert titles[1].startswith("Naive loop") and "1 update per epoch" in titles[1]
-    assert "7 micro-batches per epoch" in fig._suptitle.get_text()
+    assert titles[0].startswith("Correct loop") and titles[1].startswith("Naive loop")
+    counts = [ax.get_title(loc="right") for ax in fig.axes]
+    assert counts == ["2 updates per epoch", "1 update per epoch"]
+    assert "7 micro-batches per epoch" in fig.get_suptitle()
+
+
+def test_a_long_epoch_keeps_its_axes_whatever_k():
+    """K moves the blocks' colours and the bars, not the axes: a view redraws only those."""
+    from forge_course.sims.display import LiveFigure
+
+    live = LiveFigure((10, 2.2))
+    picture = sim.TimelinePicture(live.fig, with_summary=False)
+    shown = set()
+    for k in range(1, 17):
+        picture.update(sim.timeline(10_000, 32, 3, k))
+        shown.add((tuple(live.fig.get_size_inches()), live.fig.axes[1].get_xlim(),
+                   *(ax.get_ylim() for ax in live.fig.axes)))  # fmt: skip
+    assert len(shown) == 1
 
 
 def test_the_view_builds_and_shows_a_fallback_picture(monkeypatch):
@@ -117,9 +132,9 @@ def test_a_preset_sets_every_control_and_redraws_once(monkeypatch):
     pytest.importorskip("ipywidgets")
     shown, drawn = [], []
     monkeypatch.setattr(sim, "show", lambda widget, fig: shown.append(widget))
-    real_draw = sim.draw_timeline
+    real_update = sim.TimelinePicture.update
     monkeypatch.setattr(
-        sim, "draw_timeline", lambda tl, fig=None: drawn.append(tl) or real_draw(tl, fig)
+        sim.TimelinePicture, "update", lambda self, tl: drawn.append(tl) or real_update(self, tl)
     )
     sim.arithmetic_timeline_view()
     preset, controls = shown[0].children[0], shown[0].children[1]
@@ -132,6 +147,8 @@ def test_a_preset_sets_every_control_and_redraws_once(monkeypatch):
     )  # fmt: skip
     controls.children[1].children[1].value = True  # drop_last
     assert drawn[-1].drop_last and drawn[-1].dropped == 4
+    numbers = shown[0].children[2].value  # printed beside the figure
+    assert "6 micro-batches per epoch" in numbers and "(4 dropped per epoch)" in numbers
 
 
 def test_a_figure_redrawn_along_the_sliders_equals_one_drawn_fresh():
@@ -140,9 +157,14 @@ def test_a_figure_redrawn_along_the_sliders_equals_one_drawn_fresh():
     from forge_course.sims.display import LiveFigure
 
     live = LiveFigure((10, 2.2))
-    for values in ((10_000, 32, 3, 4), (100, 16, 6, 4, True), (1_000, 64, 5, 1), (100, 16, 3, 4)):
-        sim.draw_timeline(sim.timeline(*values), live.fig)
+    picture = sim.TimelinePicture(live.fig, with_summary=False)
+    live.moving(picture.moving_artists)  # as the view: only what changes is drawn per event
+    runs = [(10_000, 32, 3, 4), (100, 16, 6, 4, True), (1_000, 64, 5, 1), (100, 16, 3, 4),
+            (10_000, 32, 3, 7), (10_000, 8, 10, 16), (9_000, 32, 7, 2),
+            (100, 16, 3, 3)]  # fmt: skip
+    for values in runs:
+        picture.update(sim.timeline(*values))
         live.pixels()
     fresh = LiveFigure((10, 2.2))
-    sim.draw_timeline(sim.timeline(100, 16, 3, 4), fresh.fig)
+    sim.TimelinePicture(fresh.fig, with_summary=False).update(sim.timeline(100, 16, 3, 3))
     assert np.array_equal(live.pixels(), fresh.pixels())

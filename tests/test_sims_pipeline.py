@@ -1,6 +1,7 @@
 """The pipeline engine against real DataLoaders: batches, workers, request order, worker seeds."""
 
 import matplotlib
+import matplotlib.pyplot as plt
 import pytest
 import torch
 from hypothesis import given, settings
@@ -8,7 +9,14 @@ from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 from forge_course.reference.datasets import TracedDataset
-from forge_course.sims.pipeline import MAIN_PROCESS, draw_plan, pipeline_view, plan_epoch, summary
+from forge_course.sims.pipeline import (
+    MAIN_PROCESS,
+    PlanPicture,
+    draw_plan,
+    pipeline_view,
+    plan_epoch,
+    summary,
+)
 
 matplotlib.use("Agg")
 
@@ -145,13 +153,16 @@ def test_bad_settings_are_named(bad):
 
 def test_drawing_shows_every_batch_and_the_unseen_tail():
     plan = plan_epoch(100, 16, shuffle=True, drop_last=True, num_workers=2)
-    fig = draw_plan(plan)
-    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    fig = plt.figure()
+    picture = PlanPicture(fig)
+    picture.update(plan)
+    texts = picture.texts()  # the batches' texts are drawn as outlines, not Text artists
     assert "unseen this epoch" in texts
     assert sum(t.startswith("batch ") for t in texts) == 6
     assert fig.get_suptitle().startswith("Epoch 0: 6 batches of 16, 4 examples unseen")
     shown = sorted(int(t) for t in texts if t.isdigit())
     assert shown == list(range(100)), "every index is drawn exactly once"
+    plt.close(fig)
 
 
 def test_the_view_builds_its_widgets_and_fallback(capsys):
@@ -166,8 +177,12 @@ def test_a_figure_redrawn_along_the_sliders_equals_one_drawn_fresh():
     from forge_course.sims.display import LiveFigure
 
     live = LiveFigure((11, 1.5))
-    for n, batch_size, workers in ((100, 16, 2), (30, 4, 0), (100, 32, 4), (50, 8, 1)):
-        draw_plan(plan_epoch(n, batch_size, shuffle=True, num_workers=workers), live.fig)
+    picture = PlanPicture(live.fig)  # as the view keeps it
+    live.moving(picture.moving_artists)
+    # Figures of new sizes and cells, and (the last three) of one size, drawn over a background.
+    for n, batch_size, workers in ((100, 16, 2), (30, 4, 0), (100, 32, 4), (50, 8, 3),
+                                   (50, 8, 0), (50, 8, 1)):  # fmt: skip
+        picture.update(plan_epoch(n, batch_size, shuffle=True, num_workers=workers))
         live.pixels()
     fresh = LiveFigure((11, 1.5))
     draw_plan(plan_epoch(50, 8, shuffle=True, num_workers=1), fresh.fig)

@@ -6,7 +6,13 @@ matplotlib.use("Agg")
 
 import pytest
 
-from forge_course.sims.profile_explorer import costs, draw, profile_explorer_view, simulate
+from forge_course.sims.profile_explorer import (
+    ProfilePicture,
+    costs,
+    draw,
+    profile_explorer_view,
+    simulate,
+)
 
 
 @pytest.mark.parametrize(
@@ -65,9 +71,25 @@ def test_bad_settings_are_named(kwargs, named):
 
 def test_drawing_has_a_lane_per_loader_and_one_for_the_model():
     fig = draw(simulate(8, 3, workers=3))
-    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert labels == ["worker 0", "worker 1", "worker 2", "model"]
+    labels = [t.get_text() for t in fig.axes[0].texts if t.get_visible()]
+    assert labels == ["model", "worker 0", "worker 1", "worker 2"]
     assert "step 3.0 ms" in fig.axes[0].get_title()
+
+
+def test_the_time_axis_and_the_figure_stay_as_the_workers_change():
+    """The view redraws only the bars, labels and title as the workers slide."""
+    from forge_course.sims.display import LiveFigure
+
+    live = LiveFigure((10, 1.4))
+    picture = ProfilePicture(live.fig)
+    slowest = simulate(19.2, 0.7, 0).end_ms
+    shown = set()
+    for workers in range(9):
+        timeline = simulate(19.2, 0.7, workers)
+        assert timeline.end_ms <= slowest
+        picture.update(timeline, span_ms=slowest)
+        shown.add((tuple(live.fig.get_size_inches()), picture.ax.get_xlim(), picture.ax.get_ylim()))
+    assert len(shown) == 1
 
 
 def test_the_view_builds_its_widgets_and_fallback(capsys):
@@ -83,10 +105,12 @@ def test_a_figure_redrawn_along_the_sliders_equals_one_drawn_fresh():
     from forge_course.sims.display import LiveFigure
 
     live = LiveFigure((10, 1.4))
+    picture = ProfilePicture(live.fig)  # as the view keeps it, drawing only what moves
+    live.moving(picture.moving_artists)
     for load, compute, workers, prefetch in ((19.2, 0.7, 4, 2), (8, 3, 0, 2), (8, 3, 8, 1),
-                                             (38.4, 1.1, 2, 3)):  # fmt: skip
-        draw(simulate(load, compute, workers, prefetch), fig=live.fig)
+                                             (8, 3, 1, 2), (38.4, 1.1, 2, 3)):  # fmt: skip
+        picture.update(simulate(load, compute, workers, prefetch), span_ms=240.0)
         live.pixels()
     fresh = LiveFigure((10, 1.4))
-    draw(simulate(38.4, 1.1, 2, 3), fig=fresh.fig)
+    draw(simulate(38.4, 1.1, 2, 3), fig=fresh.fig, span_ms=240.0)
     assert np.array_equal(live.pixels(), fresh.pixels())

@@ -133,20 +133,26 @@ def test_a_figure_redrawn_along_the_controls_equals_one_drawn_fresh():
     import numpy as np
 
     from forge_course.sims.display import LiveFigure
-    from forge_course.sims.tape import figsize
-
-    def drawn(live, state):
-        live.fig.set_size_inches(figsize(state))  # as the view does
-        draw_tape(state, live.fig.axes[0])
+    from forge_course.sims.tape import TapePicture, figsize
 
     live = LiveFigure((6.4, 1.6))
-    live.fig.subplots()
-    tape = TapeRecorder("running example", 2.0, 3.0)
-    for expression in EXPRESSIONS:
-        drawn(live, tape.record(expression, -1.5, 2.0))
-        drawn(live, tape.backward())
+    picture = TapePicture(live.fig.subplots())
+    live.moving(picture.moving_artists)  # as the view: the tape's artists drawn per event
+
+    def drawn(state):
+        live.fig.set_size_inches(figsize(state))  # as the view does
+        picture.update(state)
         live.pixels()
+
+    tape = TapeRecorder("running example", 2.0, 3.0)
+    # Through every expression, and between two graphs of one shape and limits ("loop" with
+    # n = 2 and "detach"), and both of "branch"'s graphs.
+    runs = [*((e, -1.5, 3) for e in EXPRESSIONS), ("loop", 1.0, 2), ("detach", 1.0, 3),
+            ("branch", 1.5, 3), ("branch", -1.0, 3)]  # fmt: skip
+    for expression, x, n in runs:
+        drawn(tape.record(expression, x, 2.0, n))
+        drawn(tape.backward())
     fresh = LiveFigure((6.4, 1.6))
-    fresh.fig.subplots()
-    drawn(fresh, TapeRecorder(expression, -1.5, 2.0).backward())
+    draw_tape(TapeRecorder("branch", -1.0, 2.0).backward(), fresh.fig.subplots())
+    fresh.fig.set_size_inches(figsize(TapeRecorder("branch", -1.0, 2.0).state()))
     assert np.array_equal(live.pixels(), fresh.pixels())

@@ -23,11 +23,18 @@ real DataLoader, worker ids and request order included.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
-from matplotlib.patches import FancyBboxPatch, Rectangle
+from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.font_manager import FontProperties
+from matplotlib.patches import FancyBboxPatch
+from matplotlib.path import Path
+from matplotlib.textpath import TextPath
+from matplotlib.transforms import Affine2D
 
 from forge_course.sims.display import PALETTE, LiveFigure, show
 
@@ -151,58 +158,191 @@ def _request_note(plan: EpochPlan, k: int) -> str:
     return f"requested as batch {with_batch} goes to the model"
 
 
-def _draw_stages(ax, plan: EpochPlan) -> None:
+STAGES = ["Dataset", "Sampler", "Batch sampler", "Workers", "collate_fn", "Model"]
+
+
+def _stage_details(plan: EpochPlan) -> list[str]:
     s = plan.settings
     workers = s["num_workers"]
-    stages = [
-        ("Dataset", f"N = {s['n']}\n__getitem__(i)"),
-        ("Sampler", "shuffled order" if s["shuffle"] else "0, 1, 2, ..."),
-        ("Batch sampler", f"B = {s['batch_size']}\ndrop_last={s['drop_last']}"),
-        ("Workers", f"{workers} processes" if workers else "none: main\nprocess loads"),
-        ("collate_fn", "items → one\nbatch tensor"),
-        ("Model", f"{len(plan.batches)} steps"),
+    return [
+        f"N = {s['n']}\n__getitem__(i)",
+        "shuffled order" if s["shuffle"] else "0, 1, 2, ...",
+        f"B = {s['batch_size']}\ndrop_last={s['drop_last']}",
+        f"{workers} processes" if workers else "none: main\nprocess loads",
+        "items → one\nbatch tensor",
+        f"{len(plan.batches)} steps",
     ]
-    width = 1 / len(stages)
-    for i, (name, detail) in enumerate(stages):
-        x = i * width + 0.012
-        ax.add_patch(FancyBboxPatch((x, 0.08), width - 0.05, 0.84, boxstyle="round,pad=0.01",
-                                    fc="#f2f2f2", ec=PALETTE["black"], lw=0.8))  # fmt: skip
-        if name == "Workers":
-            for w in range(workers):  # one swatch per worker, in its batches' colour
-                ax.add_patch(Rectangle((x + 0.01 + 0.022 * w, 0.12), 0.018, 0.12, fc=_colour(w)))
-        ax.text(x + (width - 0.05) / 2, 0.68, name, ha="center", va="center", fontweight="bold",
-                fontsize=9)  # fmt: skip
-        ax.text(x + (width - 0.05) / 2, 0.32, detail, ha="center", va="center", fontsize=7.5)
-        if i < len(stages) - 1:
-            ax.annotate("", xy=((i + 1) * width + 0.01, 0.5), xytext=(x + width - 0.04, 0.5),
-                        arrowprops={"arrowstyle": "->", "lw": 1.2})  # fmt: skip
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.axis("off")
 
 
-def _draw_batches(ax, plan: EpochPlan) -> None:
-    s = plan.settings
-    columns = max([s["batch_size"], len(plan.unseen), 1])
-    rows = [(f"batch {k} · {_worker_label(w)}", batch, _colour(w), _request_note(plan, k))
-            for k, (batch, w) in enumerate(zip(plan.batches, plan.workers))]  # fmt: skip
-    if plan.unseen:
-        rows.append(("unseen this epoch", plan.unseen, "#dddddd", None))
-    size = 7.5 if columns <= 16 else max(4.5, 7.5 * 16 / columns)
-    for r, (label, indices, colour, note) in enumerate(rows):
-        y = len(rows) - 1 - r
-        ax.text(-0.3, y + 0.45, label, ha="right", va="center", fontsize=8)
-        for c, index in enumerate(indices):
-            ax.add_patch(Rectangle((c, y + 0.05), 0.92, 0.8, fc=colour, ec="white",
-                                   hatch=None if note else "///", alpha=0.85))  # fmt: skip
-            ax.text(c + 0.46, y + 0.45, str(index), ha="center", va="center", fontsize=size,
-                    color="white" if colour in _DARK else "black")  # fmt: skip
-        if note:
-            ax.text(columns + 0.3, y + 0.45, f"→ [{len(indices)}]  {note}", va="center",
-                    fontsize=7.5)  # fmt: skip
-    ax.set_xlim(-0.2, columns + 6.5)
-    ax.set_ylim(-0.1, len(rows))
-    ax.axis("off")
+class _Words:
+    """Many short texts drawn as one collection of glyph outlines (`TextPath`, cached per text,
+    scaled to the font size): a Text artist costs about a millisecond to draw, and a plan shows
+    a hundred indices and a label and a note per batch."""
+
+    def __init__(self, ax, fontsize: float, ha: str, bold: bool = False) -> None:
+        self.ax, self.fontsize, self.ha, self.bold, self.words = ax, fontsize, ha, bold, []
+        self.collection = PathCollection([], offset_transform=ax.transData, linewidths=0,
+                                         zorder=3, clip_on=False)  # fmt: skip
+        ax.add_collection(self.collection, autolim=False)
+
+    def set(self, words: list[str], where: list[tuple[float, float]], colours: list[str],
+            fontsize: float | None = None) -> None:  # fmt: skip
+        """``words[i]`` at ``where[i]`` (data coordinates), aligned by ``ha``, centred on y."""
+        points = (fontsize or self.fontsize) / OUTLINE_SIZE / 72  # outlines are in points
+        self.collection.set_transform(Affine2D().scale(points) + self.ax.figure.dpi_scale_trans)
+        self.words = list(words)
+        self.collection.set_paths([_outline(w, self.ha, self.bold) for w in words])
+        self.collection.set_offsets(np.array(where, dtype=float).reshape(-1, 2))
+        self.collection.set_facecolors(colours)
+
+
+OUTLINE_SIZE = 10.0  # points: the size outlines are made at, then scaled
+
+
+@functools.lru_cache(maxsize=4096)
+def _outline(text: str, ha: str, bold: bool = False) -> Path:
+    """``text``'s glyph outlines at `OUTLINE_SIZE` points, placed so that its anchor (left,
+    centre or right edge; the middle of a digit's height) is at the origin. Made of its words'
+    outlines, each made once: a plan's notes and labels share most of their words."""
+    parts, x = [], 0.0
+    for word in text.split(" "):
+        if word:
+            path, width = _word(word, bold)
+            parts.append(Path(path.vertices + [x, 0], path.codes))
+            x += width
+        x += _word(" ", bold)[1]
+    path = Path.make_compound_path(*parts) if parts else Path(np.zeros((1, 2)))
+    (x0, _), (x1, _) = _bounds(path)
+    dx = {"left": x0, "center": (x0 + x1) / 2, "right": x1}[ha]
+    (_, y0), (_, y1) = _bounds(_word("0", False)[0])  # rows of digits and of words line up
+    return Path(path.vertices - [dx, (y0 + y1) / 2], path.codes)
+
+
+def _bounds(path: Path) -> np.ndarray:
+    """Lower-left and upper-right corners of a path's points, curves' control points included:
+    `Path.get_extents` finds the curves' extrema exactly, and takes ~100 times longer."""
+    points = path.vertices if path.codes is None else path.vertices[path.codes != Path.CLOSEPOLY]
+    return np.array([points.min(axis=0), points.max(axis=0)])
+
+
+@functools.lru_cache(maxsize=1024)
+def _word(word: str, bold: bool) -> tuple[Path, float]:
+    """A word's outlines (baseline at 0, starting at 0) and its advance (``"wordx"`` ends that
+    much further right than ``"x"``); for ``" "``, no outline and a space's advance."""
+    prop = FontProperties(weight="bold" if bold else "normal")
+    followed, x = (TextPath((0, 0), t, size=OUTLINE_SIZE, prop=prop) for t in (word + "x", "x"))
+    advance = _bounds(followed)[1, 0] - _bounds(x)[1, 0]
+    if word == " ":
+        return Path(np.zeros((1, 2))), advance
+    return TextPath((0, 0), word, size=OUTLINE_SIZE, prop=prop), advance
+
+
+class PlanPicture:
+    """`draw_plan`'s picture, built once for a figure: the stages' boxes, names and arrows stay;
+    an update sets the figure's height (by the batches) and the stages' details, and draws the
+    batches as collections: cells, their indices, the rows' labels and notes."""
+
+    def __init__(self, fig) -> None:
+        self.fig = fig
+        self.top, self.bottom = top, bottom = fig.add_axes((0, 0, 1, 1)), fig.add_axes((0, 0, 1, 1))
+        width = 1 / len(STAGES)
+        self.centres = [i * width + 0.012 + (width - 0.05) / 2 for i in range(len(STAGES))]
+        arrows = []
+        for i in range(len(STAGES)):
+            x = i * width + 0.012
+            top.add_patch(FancyBboxPatch((x, 0.08), width - 0.05, 0.84, boxstyle="round,pad=0.01",
+                                         fc="#f2f2f2", ec=PALETTE["black"], lw=0.8))  # fmt: skip
+            if i < len(STAGES) - 1:  # "->" from this box to the next: shaft and head
+                tail, tip = x + width - 0.04, (i + 1) * width + 0.01
+                arrows += [(tail, 0.5), (tip, 0.5), (np.nan, np.nan), (tip - 0.008, 0.56),
+                           (tip, 0.5), (tip - 0.008, 0.44), (np.nan, np.nan)]  # fmt: skip
+        top.plot(*zip(*arrows), color=PALETTE["black"], lw=1.2)
+        names = _Words(top, 9, "center", bold=True)
+        names.set(STAGES, [(x, 0.68) for x in self.centres], ["black"] * len(STAGES))
+        self.details = _Words(top, 7.5, "center")
+        # One swatch per worker, in its batches' colour, inside the Workers box.
+        self.swatches = PolyCollection([], linewidths=0)
+        self.workers_x = STAGES.index("Workers") * width + 0.012
+        top.add_collection(self.swatches, autolim=False)
+        top.set_xlim(0, 1)
+        top.set_ylim(0, 1)
+        top.axis("off")
+        self.cells = PolyCollection([], edgecolors="white", alpha=0.85)
+        self.unseen = PolyCollection([], facecolors="#dddddd", edgecolors="white", alpha=0.85,
+                                     hatch="///")  # fmt: skip
+        for cells in (self.cells, self.unseen):
+            bottom.add_collection(cells, autolim=False)
+        self.indices = _Words(bottom, 7.5, "center")
+        self.labels = _Words(bottom, 8, "right")
+        self.notes = _Words(bottom, 7.5, "left")
+        bottom.axis("off")
+        self.title = fig.suptitle("", fontsize=10)
+
+    def moving_artists(self) -> list:
+        """What `update` changes; the stages' boxes, names and arrows stay as drawn."""
+        return [self.details.collection, self.swatches, self.cells, self.unseen,
+                self.indices.collection, self.labels.collection, self.notes.collection,
+                self.title]  # fmt: skip
+
+    def texts(self) -> list[str]:
+        """Every text of the batches: labels, indices and notes."""
+        return self.labels.words + self.indices.words + self.notes.words
+
+    def update(self, plan: EpochPlan) -> None:
+        s = plan.settings
+        rows = [(f"batch {k} · {_worker_label(w)}", batch, _colour(w), _request_note(plan, k))
+                for k, (batch, w) in enumerate(zip(plan.batches, plan.workers))]  # fmt: skip
+        if plan.unseen:
+            rows.append(("unseen this epoch", plan.unseen, "#dddddd", None))
+        height = 1.5 + 0.3 * min(len(rows), 26)  # inches: the stages take 1.2, a row 0.3
+        self.fig.set_size_inches(11, height)
+        self.top.set_position((0.02, 1 - 1.25 / height, 0.96, 0.95 / height))
+        self.bottom.set_position((0.2, 0.1 / height, 0.78, 1 - 1.45 / height))
+        lines, where = [], []
+        for x, detail in zip(self.centres, _stage_details(plan)):
+            parts = detail.split("\n")
+            for k, line in enumerate(parts):  # 9 points apart, centred on the box's lower half
+                lines.append(line)
+                where.append((x, 0.32 + (len(parts) - 1 - 2 * k) * 4.5 / 72 / 0.95))
+        self.details.set(lines, where, ["black"] * len(lines))
+        x = self.workers_x
+        self.swatches.set_verts([_corners(x + 0.01 + 0.022 * w, 0.12, 0.018, 0.12)
+                                 for w in range(s["num_workers"])])  # fmt: skip
+        self.swatches.set_facecolors([_colour(w) for w in range(s["num_workers"])])
+        columns = max([s["batch_size"], len(plan.unseen), 1])
+        size = 7.5 if columns <= 16 else max(4.5, 7.5 * 16 / columns)
+        cells, colours, unseen, digits, digit_at, ink = [], [], [], [], [], []
+        for r, (_, indices, colour, note) in enumerate(rows):
+            y = len(rows) - 1 - r
+            for c, index in enumerate(indices):
+                (cells if note else unseen).append(_corners(c, y + 0.05, 0.92, 0.8))
+                if note:
+                    colours.append(colour)
+                digits.append(str(index))
+                digit_at.append((c + 0.46, y + 0.45))
+                ink.append("white" if colour in _DARK else "black")
+        self.cells.set_verts(cells)
+        self.cells.set_facecolors(colours)
+        self.unseen.set_verts(unseen)
+        self.indices.set(digits, digit_at, ink, fontsize=size)
+        ys = [len(rows) - 1 - r + 0.45 for r in range(len(rows))]
+        self.labels.set([row[0] for row in rows], [(-0.3, y) for y in ys], ["black"] * len(rows))
+        noted = [(f"→ [{len(row[1])}]  {row[3]}", y) for row, y in zip(rows, ys) if row[3]]
+        self.notes.set([n for n, _ in noted], [(columns + 0.3, y) for _, y in noted],
+                       ["black"] * len(noted))  # fmt: skip
+        # Room on the right for the widest note (a share of the axes' width, in points).
+        widths = [np.ptp(_bounds(_outline(n, "left"))[:, 0]) for n, _ in noted] or [0.0]
+        share = max(widths) * self.notes.fontsize / OUTLINE_SIZE / (0.78 * 11 * 72)
+        self.bottom.set_xlim(-0.2, max(columns + 6.5, (columns + 0.4 + 0.2 * share) / (1 - share)))
+        self.bottom.set_ylim(-0.1, len(rows))
+        ahead = s["num_workers"] * s["prefetch_factor"]
+        extra = f"; up to {ahead} batches requested ahead of the model" if ahead else ""
+        self.title.set_text(f"Epoch {s['epoch']}: {summary(plan)}{extra}")
+        self.title.set_y(1 - 0.08 / height)
+
+
+def _corners(x: float, y: float, width: float, height: float) -> list[tuple[float, float]]:
+    return [(x, y), (x + width, y), (x + width, y + height), (x, y + height)]
 
 
 def draw_plan(plan: EpochPlan, fig=None):
@@ -210,20 +350,10 @@ def draw_plan(plan: EpochPlan, fig=None):
 
     Rows are coloured by the worker that builds the batch; the unseen tail is hatched grey.
     """
-    rows = len(plan.batches) + (1 if plan.unseen else 0)
-    height = 1.5 + 0.3 * min(rows, 26)  # inches: the stages take 1.2, each row of batches 0.3
     if fig is None:
-        fig = plt.figure(figsize=(11, height))
-    fig.set_size_inches(11, height)  # a figure kept by the view takes this plan's height
+        fig = plt.figure(figsize=(11, 1.5))
     fig.clear()
-    top = fig.add_axes((0.02, 1 - 1.25 / height, 0.96, 0.95 / height))
-    bottom = fig.add_axes((0.2, 0.1 / height, 0.78, 1 - 1.45 / height))
-    _draw_stages(top, plan)
-    _draw_batches(bottom, plan)
-    s = plan.settings
-    ahead = s["num_workers"] * s["prefetch_factor"]
-    extra = f"; up to {ahead} batches requested ahead of the model" if ahead else ""
-    fig.suptitle(f"Epoch {s['epoch']}: {summary(plan)}{extra}", y=1 - 0.08 / height, fontsize=10)
+    PlanPicture(fig).update(plan)
     return fig
 
 
@@ -251,10 +381,11 @@ def pipeline_view(
         "epoch": widgets.IntSlider(0, 0, 3, description="epoch", style=style),
     }
     live = LiveFigure((11, 1.5))
+    picture = PlanPicture(live.fig)
+    live.moving(picture.moving_artists)  # the whole figure when it grows or its cells change
 
     def redraw(*_):
-        plan = plan_epoch(seed=seed, **{name: w.value for name, w in controls.items()})
-        draw_plan(plan, live.fig)
+        picture.update(plan_epoch(seed=seed, **{name: w.value for name, w in controls.items()}))
         live.refresh()
 
     for widget in controls.values():

@@ -17,8 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.collections import PolyCollection
 
-from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
+from forge_course.sims.display import PALETTE, LiveFigure, show
 
 
 @dataclass(frozen=True)
@@ -88,33 +90,88 @@ def simulate(
 
 
 LEGEND_IN = 0.35  # inches at the figure's bottom for the legend
+# The figure's layout in inches, fixed whatever the lanes (no layout engine per event): the
+# lanes' labels on the left, the title on top, the time axis and the legend below. The lanes
+# share the axes' height, so that a change of workers redraws only the bars and labels.
+WIDTH_IN, LEFT_IN, RIGHT_IN, TOP_IN, LANES_IN = 10.0, 1.15, 0.25, 0.4, 2.2
+BELOW_IN = LEGEND_IN + 0.6
+TICK_PAD = 7.0  # points from the axis to a lane's label: matplotlib's tick length and pad
 
 
-def draw(timeline: Timeline, title: str = "", fig=None):
-    """Lanes of bars: the model (compute in blue, waiting in grey) above each loader lane."""
-    lanes = len(timeline.loads)
-    size = (10, 1.4 + LEGEND_IN + 0.45 * lanes)
+class ProfilePicture:
+    """`draw`'s picture, built once for a figure of fixed size: an update moves the bars (three
+    collections), the lanes' labels and the title, and the time axis only when its span changes.
+    """
+
+    def __init__(self, fig) -> None:
+        self.fig = fig
+        height = TOP_IN + LANES_IN + BELOW_IN
+        fig.set_size_inches(WIDTH_IN, height)
+        left, width = LEFT_IN / WIDTH_IN, 1 - (LEFT_IN + RIGHT_IN) / WIDTH_IN
+        self.ax = ax = fig.add_axes((left, BELOW_IN / height, width, LANES_IN / height))
+        self.computes = PolyCollection([], color=PALETTE["blue"], label="compute")
+        self.waits = PolyCollection([], color=PALETTE["grey"], label="waiting for data")
+        self.loads = PolyCollection([], color=PALETTE["orange"], edgecolor="white",
+                                    label="loading")  # fmt: skip
+        for bars in (self.computes, self.waits, self.loads):
+            ax.add_collection(bars, autolim=False)
+        ax.set_ylim(0, 1)  # the lanes divide it among themselves
+        ax.set_yticks([])
+        self.labels: list = []  # one per lane, where tick labels would be; made as needed
+        ax.set_xlabel("time (ms)")
+        self.title = ax.set_title("", fontsize=10, y=1.0)  # y given: not placed per draw
+        # The legend gets a strip of its own at the bottom, below the axis label.
+        fig.legend(handles=[self.computes, self.waits, self.loads], loc="lower center", ncol=3,
+                   frameon=False)  # fmt: skip
+
+    def moving_artists(self) -> list:
+        """What `update` changes; the axes, the legend and the axis label stay as drawn. The
+        spines are drawn again over the bars, which start on the left one."""
+        return [self.computes, self.waits, self.loads, *self.ax.spines.values(), *self.labels,
+                self.title]  # fmt: skip
+
+    def update(self, timeline: Timeline, title: str = "", span_ms: float | None = None) -> None:
+        """Draw ``timeline`` over a time axis of ``span_ms`` (default: to its end)."""
+        lanes = len(timeline.loads)
+        rows = lanes + 1  # the model on top
+        pitch = 1 / rows
+        self.computes.set_verts(_bars(timeline.computes, 1 - pitch, pitch))
+        self.waits.set_verts(_bars([w for w in timeline.waits if w[1] > 0], 1 - pitch, pitch))
+        self.loads.set_verts(np.concatenate(
+            [_bars(bars, 1 - (i + 2) * pitch, pitch) for i, bars in enumerate(timeline.loads)]
+        ))  # fmt: skip
+        names = ["main process"] if timeline.in_main else [f"worker {i}" for i in range(lanes)]
+        transform, va, ha = self.ax.get_yaxis_text1_transform(TICK_PAD)
+        while len(self.labels) < rows:
+            self.labels.append(self.ax.text(0, 0, "", transform=transform, va=va, ha=ha))
+        for row, label in enumerate(self.labels):
+            label.set_visible(row < rows)
+            if row < rows:
+                label.set_text((["model"] + names)[row])
+                label.set_y(1 - (row + 0.5) * pitch)
+        self.ax.set_xlim(0, (span_ms or timeline.end_ms) * 1.01)
+        self.title.set_text(title or f"step {timeline.steady_step_ms:.1f} ms, model idle "
+                            f"{timeline.idle_share:.0%} of the time")  # fmt: skip
+
+
+def _bars(spans: list[tuple[float, float]], bottom: float, pitch: float) -> np.ndarray:
+    """``(start, length)`` spans as bars on the lane from ``bottom`` up to ``bottom + pitch``,
+    8/10 of its height: corners, ``n × 4 × 2``."""
+    start, length = np.array(spans, dtype=float).reshape(-1, 2).T
+    x0, x1 = start, start + length
+    y0 = np.full_like(start, bottom + 0.1 * pitch)
+    y1 = y0 + 0.8 * pitch
+    return np.stack([np.stack(corner, axis=-1) for corner in
+                     ((x0, y0), (x1, y0), (x1, y1), (x0, y1))], axis=1)  # fmt: skip
+
+
+def draw(timeline: Timeline, title: str = "", fig=None, span_ms: float | None = None):
+    """Lanes of bars: the model (compute in blue, waiting in grey) above each loader lane, over
+    a time axis of ``span_ms`` (default: to the timeline's end)."""
     if fig is None:
-        fig = plt.figure(figsize=size)
-    fig.set_size_inches(*size)  # a kept figure grows and shrinks with the lanes
+        fig = plt.figure(figsize=(WIDTH_IN, TOP_IN + LANES_IN + BELOW_IN))
     fig.clear()
-    ax = fig.add_subplot()
-    ax.broken_barh(timeline.computes, (lanes, 0.8), color=PALETTE["blue"], label="compute")
-    ax.broken_barh([w for w in timeline.waits if w[1] > 0], (lanes, 0.8),
-                   color=PALETTE["grey"], label="waiting for data")  # fmt: skip
-    for i, bars in enumerate(timeline.loads):
-        ax.broken_barh(bars, (lanes - 1 - i, 0.8), color=PALETTE["orange"],
-                       edgecolor="white", label="loading" if i == 0 else None)  # fmt: skip
-    names = ["main process"] if timeline.in_main else [f"worker {i}" for i in range(lanes)]
-    ax.set_yticks([lanes - 1 - i + 0.4 for i in range(lanes)] + [lanes + 0.4],
-                  names + ["model"])  # fmt: skip
-    ax.set_xlim(0, timeline.end_ms * 1.01)
-    ax.set_xlabel("time (ms)")
-    ax.set_title(title or f"step {timeline.steady_step_ms:.1f} ms, model idle "
-                 f"{timeline.idle_share:.0%} of the time", fontsize=10)  # fmt: skip
-    # The legend gets a strip of its own at the bottom, below the axis label, whatever the lanes.
-    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False)
-    tight_layout_afresh(fig, rect=(0, LEGEND_IN / fig.get_figheight(), 1, 1))
+    ProfilePicture(fig).update(timeline, title, span_ms)
     return fig
 
 
@@ -142,23 +199,28 @@ def profile_explorer_view(
         "batch": widgets.IntSlider(batch, 8, 256, step=8, description="batch size", style=style),
         "prefetch": widgets.IntSlider(prefetch, 1, 4, description="prefetch_factor", style=style),
     }
-    live = LiveFigure((10, 1.4))
+    live = LiveFigure((WIDTH_IN, 1.4))  # the picture sets its size
+    picture = ProfilePicture(live.fig)
+    live.moving(picture.moving_artists)
 
-    def figure(workers, batch, prefetch, fig=None):
+    def explained(workers, batch, prefetch) -> tuple[Timeline, str, float]:
         load, compute = costs(batch, load_per_example_ms, compute_fixed_ms, compute_per_example_ms)
         timeline = simulate(load, compute, workers, prefetch)
         per_example = timeline.steady_step_ms / batch
         title = (f"load {load:.1f} ms, compute {compute:.1f} ms per batch → step "
                  f"{timeline.steady_step_ms:.1f} ms ({per_example * 1e3:.0f} µs per example), "
                  f"model idle {timeline.idle_share:.0%}")  # fmt: skip
-        return draw(timeline, title, fig)
+        # The time axis spans the run without workers, the slowest: it stays as the workers
+        # change, and shows the time they save.
+        return timeline, title, simulate(load, compute, 0).end_ms
 
     def redraw(*_):
-        figure(**{name: w.value for name, w in controls.items()}, fig=live.fig)
+        picture.update(*explained(**{name: w.value for name, w in controls.items()}))
         live.refresh()
 
     for widget in controls.values():
         widget.observe(redraw, "value")
     redraw()
+    timeline, title, span_ms = explained(workers, batch, prefetch)
     show(widgets.VBox([widgets.HBox(list(controls.values())), live.image]),
-         figure(workers, batch, prefetch))  # fmt: skip
+         draw(timeline, title, span_ms=span_ms))  # fmt: skip

@@ -248,49 +248,82 @@ def figsize(state: TapeState) -> tuple[float, float]:
     return (max(6.4, 1.5 * (max(xs) - min(xs) + 1.5)), 1.0 * (max(ys) - min(ys)) + 1.6)
 
 
+def _node_text(node: NodeInfo) -> str:
+    name = node.label.removeprefix("leaf ")
+    if node.kind == "AccumulateGrad":
+        lines = [node.kind, f"{name} = {_fmt(node.value)}",
+                 f"{_fmt(node.grad, '+')}  →  .grad {_fmt(node.total)}"]  # fmt: skip
+    else:
+        head = f"{node.label} = {_fmt(node.value)}" if node.label else ""
+        lines = [node.kind, head, f"dL/d{node.label or '(output)'} = {_fmt(node.grad)}"]
+    return "\n".join(line for line in lines if line)
+
+
+class TapePicture:
+    """`draw_tape`'s picture kept on one axes: an update sets the nodes' texts and the title,
+    and makes the boxes and arrows again only when the graph's shape changes. All of them are
+    what a view draws per event (`moving_artists`): two graphs can share the axes' limits."""
+
+    def __init__(self, ax) -> None:
+        self.ax, self.shape = ax, None
+        self.arrows: list = []
+        self.boxes: list = []
+        self.texts: list = []
+        ax.axis("off")
+        self.title = ax.set_title("", fontsize=10, y=1.0)  # y given: not placed per draw
+
+    def moving_artists(self) -> list:
+        return [*self.boxes, *self.arrows, *self.texts, self.title]  # as a full draw orders them
+
+    def update(self, state: TapeState, title: str | None = None) -> None:
+        shape = tuple((n.kind, n.inputs, n.position) for n in state.nodes)
+        if shape != self.shape:
+            self._build(state)
+            self.shape = shape
+        for text, node in zip(self.texts, state.nodes):
+            text.set_text(_node_text(node))
+        plural = "s" if state.calls != 1 else ""
+        self.title.set_text(title or f"{state.formula}\nafter {state.calls} backward call{plural}")
+
+    def _build(self, state: TapeState) -> None:
+        """The boxes and arrows of ``state``'s graph, in place of the last graph's."""
+        for artist in [*self.arrows, *self.boxes, *self.texts]:
+            artist.remove()
+        ax = self.ax
+        xs = [n.position[0] for n in state.nodes] or [0.0]
+        ys = [n.position[1] for n in state.nodes] or [0.0]
+        ax.set_xlim(min(xs) - 0.75, max(xs) + 0.75)
+        ax.set_ylim(min(ys) - 0.6, max(ys) + 0.5)
+        self.arrows, self.boxes, self.texts = [], [], []
+        for node in state.nodes:
+            (x0, y0) = node.position
+            for target in node.inputs:
+                (x1, y1) = state.nodes[target].position
+                # An edge that skips a layer bends outwards, around the boxes in between.
+                bend = 0.0 if y0 - y1 <= 1 else (0.35 if x1 <= x0 else -0.35)
+                self.arrows.append(ax.annotate(
+                    "", xy=(x1, y1 + 0.24), xytext=(x0, y0 - 0.24),
+                    arrowprops={"arrowstyle": "->", "color": PALETTE["grey"], "lw": 1.4,
+                                "connectionstyle": f"arc3,rad={bend}"},
+                ))  # fmt: skip
+        for node in state.nodes:
+            colour = PALETTE["orange"] if node.kind == "AccumulateGrad" else PALETTE["sky"]
+            x, y = node.position
+            self.boxes.append(ax.add_patch(
+                FancyBboxPatch((x - 0.42, y - 0.22), 0.84, 0.44, boxstyle="round,pad=0.02",
+                               facecolor=colour, edgecolor=PALETTE["black"], alpha=0.9)
+            ))  # fmt: skip
+            self.texts.append(ax.text(x, y, "", ha="center", va="center", fontsize=8))
+
+
 def draw_tape(state: TapeState, ax=None, title: str | None = None):
     """Draw ``state`` as a DAG: root on top, leaves in orange, arrows the way backward walks."""
-    xs = [n.position[0] for n in state.nodes] or [0.0]
-    ys = [n.position[1] for n in state.nodes] or [0.0]
     if ax is None:
         fig, ax = plt.subplots(figsize=figsize(state))
     else:
         fig = ax.figure
     ax.clear()
-    ax.axis("off")
-    ax.set_xlim(min(xs) - 0.75, max(xs) + 0.75)
-    ax.set_ylim(min(ys) - 0.6, max(ys) + 0.5)
-    for node in state.nodes:
-        (x0, y0) = node.position
-        for target in node.inputs:
-            (x1, y1) = state.nodes[target].position
-            # An edge that skips a layer bends outwards, around the boxes in between.
-            bend = 0.0 if y0 - y1 <= 1 else (0.35 if x1 <= x0 else -0.35)
-            ax.annotate(
-                "", xy=(x1, y1 + 0.24), xytext=(x0, y0 - 0.24),
-                arrowprops={"arrowstyle": "->", "color": PALETTE["grey"], "lw": 1.4,
-                            "connectionstyle": f"arc3,rad={bend}"},
-            )  # fmt: skip
-    for node in state.nodes:
-        leaf = node.kind == "AccumulateGrad"
-        colour = PALETTE["orange"] if leaf else PALETTE["sky"]
-        x, y = node.position
-        ax.add_patch(
-            FancyBboxPatch((x - 0.42, y - 0.22), 0.84, 0.44, boxstyle="round,pad=0.02",
-                           facecolor=colour, edgecolor=PALETTE["black"], alpha=0.9)
-        )  # fmt: skip
-        name = node.label.removeprefix("leaf ")
-        if leaf:
-            lines = [node.kind, f"{name} = {_fmt(node.value)}",
-                     f"{_fmt(node.grad, '+')}  →  .grad {_fmt(node.total)}"]  # fmt: skip
-        else:
-            head = f"{node.label} = {_fmt(node.value)}" if node.label else ""
-            lines = [node.kind, head, f"dL/d{node.label or '(output)'} = {_fmt(node.grad)}"]
-        text = "\n".join(line for line in lines if line)
-        ax.text(x, y, text, ha="center", va="center", fontsize=8)
-    plural = "s" if state.calls != 1 else ""
-    title = title or f"{state.formula}\nafter {state.calls} backward call{plural}"
-    ax.set_title(title, fontsize=10)
+    TapePicture(ax).update(state, title)
     return fig
 
 
@@ -311,12 +344,13 @@ def tape_view(expression: str = "running example", x=2.0, w=3.0, n: int = 3) -> 
     press_zero = widgets.Button(description="zero_grad")
     caption = widgets.HTML()
     live = LiveFigure((6.4, 1.6))
-    ax = live.fig.subplots()
+    picture = TapePicture(live.fig.subplots())
+    live.moving(picture.moving_artists)
 
     def redraw(state: TapeState) -> None:
         caption.value = f"<b>{state.caption}</b>"
         live.fig.set_size_inches(figsize(state))  # this expression's layers
-        draw_tape(state, ax)
+        picture.update(state)
         live.refresh()
 
     def rerecord(*_):
