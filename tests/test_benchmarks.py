@@ -13,7 +13,8 @@ spec.loader.exec_module(bench)
 
 ENGINES = {path.stem for path in (REPO / "forge_course" / "sims").glob("*.py")} - {
     "__init__",
-    "display",  # the widgets' shared helper, not an engine
+    "display",  # the views' shared helpers, not engines
+    "pasted_text",
 }
 
 
