@@ -201,8 +201,9 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     def modes_after():
         sim = modes.TrainVsEval(seed=0, p=0.5)
         presses = [sim.press(), sim.press()]
-        live = LiveFigure(modes._figsize(2), layout="constrained")
+        live = LiveFigure(modes._figsize(2))
         picture = modes.PressesPicture.for_presses(live.fig, presses)
+        live.moving(picture.moving_artists)
 
         def update(p):
             sim.p = p
