@@ -244,6 +244,7 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     def trainer_after():
         run, live = simulator(device), LiveFigure(trainer.FIGSIZE)
         picture = trainer.TrainerPicture(live.fig)
+        live.moving(picture.moving_artists)
         return lambda _: (run.step(), picture.update(run), live.png())
 
     # ch10: the segments slider; the view measures every k once, up front.
