@@ -226,6 +226,7 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     def museum_after():
         live = LiveFigure(museum.FIGSIZE)
         picture = museum.CurvesPicture(live.fig)
+        live.moving(picture.moving_artists)
         return lambda bugs: (
             picture.update(museum.run(bugs), museum.run(()), museum.describe_bugs(bugs)),
             live.png(),
