@@ -166,10 +166,9 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
 
     def step_after():
         live = on_axes(step.FIGSIZE)
-        return lambda i: (
-            step.draw_stage(step.step_through(*example, lr=0.01), i, live.fig.axes[0]),
-            live.png(),
-        )
+        picture = step.StagesPicture(live.fig.axes[0])
+        live.moving(picture.moving_artists)
+        return lambda i: (picture.update(step.step_through(*example, lr=0.01), i), live.png())
 
     # ch05: the model and container toggles, after .to(target).
     target = str(device) if device.type != "cpu" else "meta"
