@@ -222,4 +222,4 @@ def test_y_limits_move_in_steps_so_most_steps_keep_the_background():
     assert _y_limits([0.0058, 0.01], "linear") == ("linear", (0, 0.012))
     assert _y_limits([-1.0, 0.5], "log") == ("log", (0.5, 1))
     assert _y_limits([-0.3, 0.1], "linear") == ("linear", (-0.4, 0.12))
-    assert _y_limits([float("inf")], "log") == ("linear", None)
+    assert _y_limits([float("inf")], "log") == ("linear", (0, 1))  # a new run: no data yet

@@ -301,15 +301,15 @@ def _stepped(value: float, steps: tuple, *, up: bool) -> float:
     return max(c for c in candidates if c <= value * (1 + 1e-12))
 
 
-def _y_limits(values: list[float], scale: str) -> tuple[str, tuple[float, float] | None]:
-    """The scale and the stepped limits of a metric panel (None: nothing finite to show)."""
+def _y_limits(values: list[float], scale: str) -> tuple[str, tuple[float, float]]:
+    """The scale and the stepped limits of a metric panel (0 to 1 when nothing is finite)."""
     finite = [v for v in values if math.isfinite(v)]
     positive = [v for v in finite if v > 0]
     if scale == "log" and positive:
         low = _stepped(min(positive), _LOG_STEPS, up=False)
         return "log", (low, _stepped(max(max(positive), low * 1.01), _LOG_STEPS, up=True))
     if not finite:
-        return "linear", None
+        return "linear", (0.0, 1.0)
     low, high = min(finite), max(finite)
     top = _stepped(high * 1.05, _LINEAR_STEPS, up=True) if high > 0 else 0.0
     bottom = -_stepped(-low * 1.05, _LINEAR_STEPS, up=True) if low < 0 else 0.0
@@ -386,10 +386,7 @@ class TrainerPicture:
                 if scale == "log":
                     ax.yaxis.set_major_formatter(_PLAIN)
                     ax.yaxis.set_minor_formatter(_SPARSE)
-            if key == "val_accuracy":
-                limits = (0.3, 1.02)
-            if limits is not None:
-                ax.set_ylim(limits)
+            ax.set_ylim((0.3, 1.02) if key == "val_accuracy" else limits)
             ax.set_xlim(0, max(trainer.total_steps, 1))
         bugs = ", ".join(sorted(trainer.bugs)) or "none"
         cfg = trainer.config
