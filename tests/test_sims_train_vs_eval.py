@@ -163,18 +163,32 @@ def test_invalid_settings_are_refused():
 
 
 def test_the_drawing_has_two_rows_of_panels_and_a_memory_bar():
+    import matplotlib.figure
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.text import Text
+
+    from forge_course.sims.train_vs_eval import _NUMBER_SIZE, _TEXT_SIZE, PressesPicture, _outline
 
     sim = TrainVsEval(seed=0)
     presses = [sim.press(), sim.press(), sim.press(keep=True)]
-    fig = draw_presses(presses)
-    assert len(fig.axes) == 2 * 4 + 1
+    assert len(draw_presses(presses).axes) == 2 * 4 + 1
+    fig = matplotlib.figure.Figure()
+    FigureCanvasAgg(fig)
+    picture = PressesPicture.for_presses(fig, presses)
+    picture.update(presses)
     texts = [t.get_text() for t in fig.findobj(Text) if t.get_text()]
     assert sum(t.startswith("TRAIN mode") for t in texts) == 2
     assert [t for t in texts if "press " in t][:2] == ["press 2 · grad on", "press 3 · grad on"]
-    dropped = sum(map(sum, presses[-1].train.dropped))
-    assert f"{dropped} of 32\n{presses[-1].train.mean_used[0]:+.3f}" in "\n".join(texts)
     assert f" {presses[-1].held_bytes:,} bytes · 2 outputs kept" in texts
+    # The numbers a press changes are outlines: the last row's train-mode ones, and outputs.
+    train, last = picture.sides[-1][0], presses[-1].train
+    numbers = [f"{sum(map(sum, last.dropped))} of 32", f"{last.mean_used[0]:+.3f}",
+               f"{last.running_mean[0]:+.3f}"]  # fmt: skip
+    expected = [_outline(n, _TEXT_SIZE, at) for n, at in zip(numbers, train.number_places)]
+    expected += [_outline(f"{v:.2f}", _NUMBER_SIZE) for row in last.outputs for v in row]
+    shown = train.numbers.get_paths() + train.values.get_paths()
+    assert all(np.array_equal(a.vertices, b.vertices) for a, b in zip(shown, expected, strict=True))
 
 
 def test_the_view_opens_on_two_presses_and_its_buttons_answer(monkeypatch):

@@ -296,7 +296,7 @@ def _figsize(rows: int) -> tuple[float, float]:
 # that a press redraws only what it changes. Each row of heatmaps is 1.6 inches high.
 _TOP, _ROW_GAP, _MEMORY_GAP, _MEMORY, _BOTTOM = 0.95, 1.0, 0.8, 0.8, 0.5
 _LEFT, _RIGHT, _COLUMN_GAP, _MEMORY_LEFT = 0.85, 0.3, 0.6, 2.9
-_TEXT_SIZE, _NUMBER_SIZE = 8.5, 7.5
+_TEXT_SIZE, _NUMBER_SIZE, _LINE = 8.5, 7.5, 10.5  # points; _LINE: baseline to baseline
 
 
 def _nice_ceiling(value: float) -> float:
@@ -306,26 +306,32 @@ def _nice_ceiling(value: float) -> float:
 
 
 @functools.cache
-def _glyph(char: str) -> tuple[Path, float]:
-    """``char``'s outline at `_NUMBER_SIZE` (points, baseline at 0) and its advance width."""
-    path = TextPath((0, 0), char, size=_NUMBER_SIZE)
+def _glyph(char: str, size: float) -> tuple[Path, float]:
+    """``char``'s outline at ``size`` (points, baseline at 0) and its advance width."""
+    path = Path(np.empty((0, 2))) if char.isspace() else TextPath((0, 0), char, size=size)
     # Two zeros around it, less two zeros alone: the advance, side bearings included.
-    inked = [TextPath((0, 0), s, size=_NUMBER_SIZE).vertices[:, 0] for s in (f"0{char}0", "00")]
+    inked = [TextPath((0, 0), s, size=size).vertices[:, 0] for s in (f"0{char}0", "00")]
     return path, float(inked[0].max() - inked[0].min() - inked[1].max() + inked[1].min())
 
 
 @functools.lru_cache(maxsize=4096)
-def _number_path(text: str) -> Path:
-    """``text`` (digits, sign, point) as one outline in points, centred on (0, 0): a number
-    drawn as a path costs a fraction of a text, which is drawn glyph by glyph."""
-    width = sum(_glyph(char)[1] for char in text)
-    half_height = _glyph("0")[0].vertices[:, 1].max() / 2
-    parts, x = [], -width / 2
+def _outline(text: str, size: float, at: tuple[float, float] | None = None) -> Path:
+    """``text`` as one outline in points: its baseline starting at ``at``, or (None) centred
+    on (0, 0). An outline costs a fraction of a text, which Agg draws glyph by glyph."""
+    width = sum(_glyph(char, size)[1] for char in text)
+    if at is None:
+        at = (-width / 2, -_glyph("0", size)[0].vertices[:, 1].max() / 2)
+    parts, x = [], at[0]
     for char in text:
-        path, advance = _glyph(char)
-        parts.append(path.transformed(Affine2D().translate(x, -half_height)))
+        path, advance = _glyph(char, size)
+        parts.append(path.transformed(Affine2D().translate(x, at[1])))
         x += advance
     return Path.make_compound_path(*parts)
+
+
+def _points(fig) -> Affine2D:
+    """Points to pixels: the transform of outlines made by `_outline`."""
+    return Affine2D().scale(1 / 72) + fig.dpi_scale_trans
 
 
 class _SidePanels:
@@ -357,7 +363,7 @@ class _SidePanels:
         self.cells = [(j, i) for i in range(batch) for j in range(classes)]
         self.values = ax_out.add_collection(
             PathCollection([], offsets=self.cells, offset_transform=ax_out.transData,
-                           transform=Affine2D().scale(1 / 72) + ax_out.figure.dpi_scale_trans,
+                           transform=_points(ax_out.figure),
                            edgecolor="none"),
             autolim=False,
         )  # fmt: skip
@@ -365,17 +371,31 @@ class _SidePanels:
         ax_out.set(xlabel="class", ylabel="example", xticks=range(classes), yticks=[])
         ax_out.set_ylim(batch - 0.5, -0.5)
         lines = (
-            "TRAIN mode · units dropped:\nBN subtracts this batch's mean, unit 0:\n"
-            "its running mean moves, unit 0 now:"
+            ["TRAIN mode · units dropped:", "BN subtracts this batch's mean, unit 0:",
+             "its running mean moves, unit 0 now:"]
             if mode == "TRAIN"
-            else "EVAL mode · units dropped:\nBN subtracts its running mean, unit 0:\n"
-            "the running mean stays, unit 0 still:"
-        )
-        text = {"fontsize": _TEXT_SIZE, "va": "bottom", "annotation_clip": False}
-        self.lines = ax_hidden.annotate(lines, (0, 1), xycoords="axes fraction", xytext=(0, 4),
-                                        textcoords="offset points", **text)  # fmt: skip
-        self.numbers = ax_hidden.annotate("", (1, 0), xycoords=self.lines, xytext=(4, 0),
-                                          textcoords="offset points", **text)  # fmt: skip
+            else ["EVAL mode · units dropped:", "BN subtracts its running mean, unit 0:",
+                  "the running mean stays, unit 0 still:"]
+        )  # fmt: skip
+        # Three fixed lines above the heatmap, drawn once; beside them, the numbers a press
+        # changes, as outlines on the same baselines (what text costs is per line and glyph).
+        baselines = [_LINE * (len(lines) - row) - 4 for row in range(len(lines))]
+        texts = [
+            ax_hidden.annotate(words, (0, 1), xycoords="axes fraction", xytext=(0, baseline),
+                               textcoords="offset points", va="baseline", fontsize=_TEXT_SIZE,
+                               annotation_clip=False)
+            for words, baseline in zip(lines, baselines)
+        ]  # fmt: skip
+        fig = ax_hidden.figure
+        renderer = fig.canvas.get_renderer()  # the widths as Agg draws them, hinted
+        width = max(text.get_window_extent(renderer).width for text in texts) * 72 / fig.dpi
+        self.number_places = [(width + 4, baseline) for baseline in baselines]
+        self.numbers = ax_hidden.add_collection(
+            PathCollection([], offsets=[(0, 1)], offset_transform=ax_hidden.transAxes,
+                           transform=_points(fig), facecolor="black",
+                           edgecolor="none", clip_on=False),
+            autolim=False,
+        )  # fmt: skip
 
     def moving_artists(self) -> list:
         """What `update` changes, in drawing order: each axes' frame is drawn over its data."""
@@ -393,14 +413,15 @@ class _SidePanels:
         self.crosses.set_offsets(dropped if dropped else np.empty((0, 2)))
         self.outputs.set_array(np.asarray(side.outputs))
         values = [value for row in side.outputs for value in row]
-        self.values.set_paths([_number_path(f"{value:.2f}") for value in values])
+        self.values.set_paths([_outline(f"{value:.2f}", _NUMBER_SIZE) for value in values])
         self.values.set_facecolor(
             ["white" if abs(value) > 0.6 * _VMAX else "black" for value in values]
         )
         units = len(side.dropped) * len(side.dropped[0])
-        self.numbers.set_text(
-            f"{sum(map(sum, side.dropped))} of {units}\n{side.mean_used[0]:+.3f}\n"
-            f"{side.running_mean[0]:+.3f}"
+        numbers = [f"{sum(map(sum, side.dropped))} of {units}", f"{side.mean_used[0]:+.3f}",
+                   f"{side.running_mean[0]:+.3f}"]  # fmt: skip
+        self.numbers.set_paths(
+            [_outline(text, _TEXT_SIZE, at) for text, at in zip(numbers, self.number_places)]
         )
 
 
