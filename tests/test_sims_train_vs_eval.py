@@ -168,7 +168,8 @@ def test_the_drawing_has_two_rows_of_panels_and_a_memory_bar():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.text import Text
 
-    from forge_course.sims.train_vs_eval import _NUMBER_SIZE, _TEXT_SIZE, PressesPicture, _outline
+    from forge_course.sims.outlines import outline
+    from forge_course.sims.train_vs_eval import _NUMBER_SIZE, _TEXT_SIZE, PressesPicture
 
     sim = TrainVsEval(seed=0)
     presses = [sim.press(), sim.press(), sim.press(keep=True)]
@@ -185,8 +186,12 @@ def test_the_drawing_has_two_rows_of_panels_and_a_memory_bar():
     train, last = picture.sides[-1][0], presses[-1].train
     numbers = [f"{sum(map(sum, last.dropped))} of 32", f"{last.mean_used[0]:+.3f}",
                f"{last.running_mean[0]:+.3f}"]  # fmt: skip
-    expected = [_outline(n, _TEXT_SIZE, at) for n, at in zip(numbers, train.number_places)]
-    expected += [_outline(f"{v:.2f}", _NUMBER_SIZE) for row in last.outputs for v in row]
+    expected = [outline(n, _TEXT_SIZE, *at) for n, at in zip(numbers, train.number_places)]
+    expected += [
+        outline(f"{v:.2f}", _NUMBER_SIZE, ha="center", va="center")
+        for row in last.outputs
+        for v in row
+    ]
     shown = train.numbers.get_paths() + train.values.get_paths()
     assert all(np.array_equal(a.vertices, b.vertices) for a, b in zip(shown, expected, strict=True))
 

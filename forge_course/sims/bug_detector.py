@@ -24,18 +24,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from itertools import zip_longest
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
+from matplotlib.collections import PathCollection
+from matplotlib.font_manager import FontProperties
 from matplotlib.markers import TICKLEFT
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
-from matplotlib.transforms import ScaledTranslation
 from torch import nn
 
 from forge_course.data import make_spiral, train_val_split
 from forge_course.reference.detectors import ActivationWatch, grad_norm
 from forge_course.sims.display import PALETTE, LiveFigure, show
+from forge_course.sims.outlines import outline, points
 
 #: Each bug's code and the line it changes, in the order the checkboxes show them.
 BUGS: dict[str, str] = {
@@ -221,7 +223,6 @@ PANELS = (
 )
 
 _MARGIN = 0.05  # of the data's span (in decades on a log axis), as matplotlib's autoscale
-_TICK_LABELS = 12  # labels kept per y axis, enough for any range the locators return
 
 
 class _YAxis:
@@ -244,13 +245,15 @@ class _YAxis:
                              transform=along, clip_on=False)[0]  # fmt: skip
         self.minor = ax.plot([], [], ls="", marker=TICKLEFT, ms=minor, mew=0.6, color="black",
                              transform=along, clip_on=False)[0]  # fmt: skip
-        pad = (major + plt.rcParams["ytick.major.pad"]) / 72
-        beside = along + ScaledTranslation(-pad, 0, ax.figure.dpi_scale_trans)
-        self.labels = [
-            ax.text(0, 0, "", ha="right", va="center_baseline", transform=beside,
-                    fontsize=plt.rcParams["ytick.labelsize"], clip_on=False)
-            for _ in range(_TICK_LABELS)
-        ]  # fmt: skip
+        # The labels, one outline each (a dozen texts per run would cost more than the rest).
+        self.pad = major + plt.rcParams["ytick.major.pad"]  # points left of the axis
+        self.size = FontProperties(size=plt.rcParams["ytick.labelsize"]).get_size_in_points()
+        self.labels = ax.add_collection(
+            PathCollection([], offsets=np.empty((0, 2)), offset_transform=along,
+                           transform=points(ax.figure), facecolor=plt.rcParams["ytick.color"],
+                           edgecolor="none", clip_on=False),
+            autolim=False,
+        )  # fmt: skip
         self.scale = None  # data to axes fraction
 
     def marks(self) -> list:
@@ -287,12 +290,13 @@ class _YAxis:
         self.major.set_data([0] * len(inside), self.to_axes([v for v, _ in inside]))
         minor = [v for v in minor if low <= forward(v) <= high]
         self.minor.set_data([0] * len(minor), self.to_axes(minor))
-        for label, (value, words) in zip_longest(self.labels, inside, fillvalue=(None, "")):
-            if label is not None:
-                label.set_text(words)
-                label.set_visible(bool(words))
-                if value is not None:
-                    label.set_y(self.to_axes([value])[0])
+        self.labels.set_paths(
+            [
+                outline(words, self.size, -self.pad, 0, ha="right", va="center")
+                for _, words in inside
+            ]
+        )
+        self.labels.set_offsets([(0, y) for y in self.to_axes([v for v, _ in inside])])
 
     def to_axes(self, values) -> list[float]:
         """Data values as fractions of the axes' height (nan where they cannot be shown)."""
@@ -335,7 +339,7 @@ class CurvesPicture:
         """What `update` changes, in drawing order: each panel's frame over its curves."""
         moving = []
         for ax, lines, y_axis in zip(self.axes, self.lines, self.y_axes):
-            moving += [*lines, *y_axis.marks(), *ax.spines.values(), *y_axis.labels]
+            moving += [*lines, *y_axis.marks(), *ax.spines.values(), y_axis.labels]
         return [*moving, self.title]
 
     def update(self, curves: dict[str, list], baseline: dict[str, list] | None, title: str):

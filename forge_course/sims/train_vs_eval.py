@@ -17,7 +17,6 @@ tensor autograd saves for backward and counts it for as long as some graph still
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import weakref
 from collections.abc import Iterable
@@ -28,11 +27,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.collections import PathCollection, PolyCollection
-from matplotlib.path import Path
-from matplotlib.textpath import TextPath
-from matplotlib.transforms import Affine2D
 
 from forge_course.sims.display import PALETTE, LiveFigure, show
+from forge_course.sims.outlines import outline, points
 
 __all__ = [
     "LiveGraphMemory",
@@ -305,35 +302,6 @@ def _nice_ceiling(value: float) -> float:
     return next(step * decade for step in (1, 2, 5, 10) if step * decade >= value)
 
 
-@functools.cache
-def _glyph(char: str, size: float) -> tuple[Path, float]:
-    """``char``'s outline at ``size`` (points, baseline at 0) and its advance width."""
-    path = Path(np.empty((0, 2))) if char.isspace() else TextPath((0, 0), char, size=size)
-    # Two zeros around it, less two zeros alone: the advance, side bearings included.
-    inked = [TextPath((0, 0), s, size=size).vertices[:, 0] for s in (f"0{char}0", "00")]
-    return path, float(inked[0].max() - inked[0].min() - inked[1].max() + inked[1].min())
-
-
-@functools.lru_cache(maxsize=4096)
-def _outline(text: str, size: float, at: tuple[float, float] | None = None) -> Path:
-    """``text`` as one outline in points: its baseline starting at ``at``, or (None) centred
-    on (0, 0). An outline costs a fraction of a text, which Agg draws glyph by glyph."""
-    width = sum(_glyph(char, size)[1] for char in text)
-    if at is None:
-        at = (-width / 2, -_glyph("0", size)[0].vertices[:, 1].max() / 2)
-    parts, x = [], at[0]
-    for char in text:
-        path, advance = _glyph(char, size)
-        parts.append(path.transformed(Affine2D().translate(x, at[1])))
-        x += advance
-    return Path.make_compound_path(*parts)
-
-
-def _points(fig) -> Affine2D:
-    """Points to pixels: the transform of outlines made by `_outline`."""
-    return Affine2D().scale(1 / 72) + fig.dpi_scale_trans
-
-
 class _SidePanels:
     """One copy's two panels (activations after dropout, outputs), updated in place.
 
@@ -363,7 +331,7 @@ class _SidePanels:
         self.cells = [(j, i) for i in range(batch) for j in range(classes)]
         self.values = ax_out.add_collection(
             PathCollection([], offsets=self.cells, offset_transform=ax_out.transData,
-                           transform=_points(ax_out.figure),
+                           transform=points(ax_out.figure),
                            edgecolor="none"),
             autolim=False,
         )  # fmt: skip
@@ -392,7 +360,7 @@ class _SidePanels:
         self.number_places = [(width + 4, baseline) for baseline in baselines]
         self.numbers = ax_hidden.add_collection(
             PathCollection([], offsets=[(0, 1)], offset_transform=ax_hidden.transAxes,
-                           transform=_points(fig), facecolor="black",
+                           transform=points(fig), facecolor="black",
                            edgecolor="none", clip_on=False),
             autolim=False,
         )  # fmt: skip
@@ -413,7 +381,9 @@ class _SidePanels:
         self.crosses.set_offsets(dropped if dropped else np.empty((0, 2)))
         self.outputs.set_array(np.asarray(side.outputs))
         values = [value for row in side.outputs for value in row]
-        self.values.set_paths([_outline(f"{value:.2f}", _NUMBER_SIZE) for value in values])
+        self.values.set_paths(
+            [outline(f"{value:.2f}", _NUMBER_SIZE, ha="center", va="center") for value in values]
+        )
         self.values.set_facecolor(
             ["white" if abs(value) > 0.6 * _VMAX else "black" for value in values]
         )
@@ -421,7 +391,7 @@ class _SidePanels:
         numbers = [f"{sum(map(sum, side.dropped))} of {units}", f"{side.mean_used[0]:+.3f}",
                    f"{side.running_mean[0]:+.3f}"]  # fmt: skip
         self.numbers.set_paths(
-            [_outline(text, _TEXT_SIZE, at) for text, at in zip(numbers, self.number_places)]
+            [outline(text, _TEXT_SIZE, *at) for text, at in zip(numbers, self.number_places)]
         )
 
 
