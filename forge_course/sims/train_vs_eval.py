@@ -328,11 +328,10 @@ class _SidePanels:
             np.arange(classes + 1) - 0.5, np.arange(batch + 1) - 0.5, np.zeros((batch, classes)),
             **colours,
         )  # fmt: skip
-        self.cells = [(j, i) for i in range(batch) for j in range(classes)]
+        cells = [(j, i) for i in range(batch) for j in range(classes)]
         self.values = ax_out.add_collection(
-            PathCollection([], offsets=self.cells, offset_transform=ax_out.transData,
-                           transform=points(ax_out.figure),
-                           edgecolor="none"),
+            PathCollection([], offsets=cells, offset_transform=ax_out.transData,
+                           transform=points(ax_out.figure), edgecolor="none"),
             autolim=False,
         )  # fmt: skip
         ax_out.set_title("outputs", fontsize=_TEXT_SIZE)
@@ -360,8 +359,8 @@ class _SidePanels:
         self.number_places = [(width + 4, baseline) for baseline in baselines]
         self.numbers = ax_hidden.add_collection(
             PathCollection([], offsets=[(0, 1)], offset_transform=ax_hidden.transAxes,
-                           transform=points(fig), facecolor="black",
-                           edgecolor="none", clip_on=False),
+                           transform=points(fig), facecolor="black", edgecolor="none",
+                           clip_on=False),
             autolim=False,
         )  # fmt: skip
 
