@@ -282,20 +282,17 @@ class _YAxis:
         else:
             major = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
             minor = []
-            step = major[1] - major[0] if len(major) > 1 else 1.0
-            decimals = max(0, -math.floor(math.log10(step) + 1e-9))
-            decimals += f"{step / 10**-decimals:g}" in ("2.5", "25")  # 0.25 needs two
-            text = [f"{value:.{decimals}f}".replace("-", "−") for value in major]
+            # As few decimals as every tick needs, the same for all (ScalarFormatter's way).
+            decimals = next(
+                d for d in range(10) if all(abs(v * 10**d - round(v * 10**d)) < 1e-6 for v in major)
+            )
+            text = [f"{value + 0.0:.{decimals}f}".replace("-", "−") for value in major]
         inside = [(v, t) for v, t in zip(major, text) if low <= forward(v) <= high]
         self.major.set_data([0] * len(inside), self.to_axes([v for v, _ in inside]))
         minor = [v for v in minor if low <= forward(v) <= high]
         self.minor.set_data([0] * len(minor), self.to_axes(minor))
-        self.labels.set_paths(
-            [
-                outline(words, self.size, -self.pad, 0, ha="right", va="center")
-                for _, words in inside
-            ]
-        )
+        left = {"x": -self.pad, "ha": "right", "va": "center"}
+        self.labels.set_paths([outline(words, self.size, **left) for _, words in inside])
         self.labels.set_offsets([(0, y) for y in self.to_axes([v for v, _ in inside])])
 
     def to_axes(self, values) -> list[float]:
