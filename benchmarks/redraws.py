@@ -183,10 +183,9 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
 
     def step_after():
         live = on_axes(step.FIGSIZE)
-        return lambda i: (
-            step.draw_stage(step.step_through(*example, lr=0.01), i, live.fig.axes[0]),
-            live.png(),
-        )
+        picture = step.StagesPicture(live.fig.axes[0])
+        live.moving(picture.moving_artists)
+        return lambda i: (picture.update(step.step_through(*example, lr=0.01), i), live.png())
 
     # ch05: the model and container toggles, after .to(target).
     target = str(device) if device.type != "cpu" else "meta"
@@ -220,8 +219,9 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     def modes_after():
         sim = modes.TrainVsEval(seed=0, p=0.5)
         presses = [sim.press(), sim.press()]
-        live = LiveFigure(modes._figsize(2), layout="constrained")
+        live = LiveFigure(modes._figsize(2))
         picture = modes.PressesPicture.for_presses(live.fig, presses)
+        live.moving(picture.moving_artists)
 
         def update(p):
             sim.p = p
@@ -244,6 +244,7 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     def museum_after():
         live = LiveFigure(museum.FIGSIZE)
         picture = museum.CurvesPicture(live.fig)
+        live.moving(picture.moving_artists)
         return lambda bugs: (
             picture.update(museum.run(bugs), museum.run(()), museum.describe_bugs(bugs)),
             live.png(),
@@ -262,6 +263,7 @@ def views(device: torch.device) -> list[View]:  # noqa: C901 (one closure pair p
     def trainer_after():
         run, live = simulator(device), LiveFigure(trainer.FIGSIZE)
         picture = trainer.TrainerPicture(live.fig)
+        live.moving(picture.moving_artists)
         return lambda _: (run.step(), picture.update(run), live.png())
 
     # ch10: the segments slider; the view measures every k once, up front.

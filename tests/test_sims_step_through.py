@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from forge_course.sims.display import LiveFigure
-from forge_course.sims.step_through import FIGSIZE, draw_stage, step_through
+from forge_course.sims.step_through import FIGSIZE, StagesPicture, draw_stage, step_through
 
 matplotlib.use("Agg")
 
@@ -16,11 +16,12 @@ RUNNING_EXAMPLE = ([[0.5, -0.3], [0.2, 0.8]], [0.0, 0.0], [1.0, 2.0], [1.0, 0.0]
 
 def test_a_figure_redrawn_along_the_sliders_equals_one_drawn_fresh():
     live = LiveFigure(FIGSIZE)
-    ax = live.fig.subplots()
+    picture = StagesPicture(live.fig.subplots())
+    live.moving(picture.moving_artists)  # as the view does: cards, values and title redrawn
     for lr in (0.01, 0.5, 0.001):
         stages = step_through(*RUNNING_EXAMPLE, lr=lr)
-        for index in range(len(stages)):
-            draw_stage(stages, index, ax)
+        for index in (*range(len(stages)), 2, 0, len(stages) - 1):
+            picture.update(stages, index)
             live.pixels()
     fresh = LiveFigure(FIGSIZE)
     draw_stage(stages, len(stages) - 1, fresh.fig.subplots())

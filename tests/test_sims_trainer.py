@@ -199,8 +199,9 @@ def test_a_picture_updated_step_after_step_equals_one_drawn_fresh():
 
     live = LiveFigure(FIGSIZE)
     picture = TrainerPicture(live.fig)
+    live.moving(picture.moving_artists)  # as the view does: the curves over a kept background
     run = Trainer(SIM_CONFIG)
-    for steps in (1, 5, 30):  # the log axes appear once a loss is positive
+    for steps in (1, 5, 30, 1, 1):  # the log axes appear once a loss is positive
         run.run(steps)
         picture.update(run)
         live.pixels()
@@ -211,3 +212,14 @@ def test_a_picture_updated_step_after_step_equals_one_drawn_fresh():
     fresh = LiveFigure(FIGSIZE)
     TrainerPicture(fresh.fig).update(run)
     assert np.array_equal(live.pixels(), fresh.pixels())
+
+
+def test_y_limits_move_in_steps_so_most_steps_keep_the_background():
+    from forge_course.sims.trainer import _y_limits
+
+    assert _y_limits([0.13, 0.91], "log") == ("log", (0.1, 1))
+    assert _y_limits([0.13, 1.43, float("nan")], "log") == ("log", (0.1, 2))
+    assert _y_limits([0.0058, 0.01], "linear") == ("linear", (0, 0.012))
+    assert _y_limits([-1.0, 0.5], "log") == ("log", (0.5, 1))
+    assert _y_limits([-0.3, 0.1], "linear") == ("linear", (-0.4, 0.12))
+    assert _y_limits([float("inf")], "log") == ("linear", (0, 1))  # a new run: no data yet

@@ -22,16 +22,22 @@ Every bug is one line of the loop, switched on in `_train` by its code:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.collections import PathCollection
+from matplotlib.font_manager import FontProperties
+from matplotlib.markers import TICKLEFT
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 from torch import nn
 
 from forge_course.data import make_spiral, train_val_split
 from forge_course.reference.detectors import ActivationWatch, grad_norm
-from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
+from forge_course.sims.display import PALETTE, LiveFigure, show
+from forge_course.sims.outlines import outline, points
 
 #: Each bug's code and the line it changes, in the order the checkboxes show them.
 BUGS: dict[str, str] = {
@@ -216,14 +222,101 @@ PANELS = (
     ("val_gap", "|loss₁ − loss₂|", "Same model evaluated twice", False),
 )
 
+_MARGIN = 0.05  # of the data's span (in decades on a log axis), as matplotlib's autoscale
+
+
+class _YAxis:
+    """A panel's y axis drawn by hand over fixed axes limits (0 to 1), so that a run with
+    another range moves a few artists instead of changing the axes: `LiveFigure.moving` then
+    redraws only those, where new limits would redraw the whole figure (six panels, ~100 ms).
+
+    Ticks, labels and margins are as matplotlib's would be: 1-2-5 labels on a log axis (minor
+    ticks between), a few round ones on a linear axis, 5 % margins around the data.
+    """
+
+    def __init__(self, ax, log: bool) -> None:
+        self.ax, self.log = ax, log
+        ax.set_ylim(0, 1)
+        ax.set_yticks([])
+        ax.yaxis.set_label_coords(-0.17, 0.5)  # beside the widest label
+        major, minor = (plt.rcParams[f"ytick.{size}.size"] for size in ("major", "minor"))
+        along = ax.get_yaxis_transform()  # x in axes fractions, y in data (0 to 1)
+        self.major = ax.plot([], [], ls="", marker=TICKLEFT, ms=major, mew=0.8, color="black",
+                             transform=along, clip_on=False)[0]  # fmt: skip
+        self.minor = ax.plot([], [], ls="", marker=TICKLEFT, ms=minor, mew=0.6, color="black",
+                             transform=along, clip_on=False)[0]  # fmt: skip
+        # The labels, one outline each (a dozen texts per run would cost more than the rest).
+        self.pad = major + plt.rcParams["ytick.major.pad"]  # points left of the axis
+        self.size = FontProperties(size=plt.rcParams["ytick.labelsize"]).get_size_in_points()
+        self.labels = ax.add_collection(
+            PathCollection([], offsets=np.empty((0, 2)), offset_transform=along,
+                           transform=points(ax.figure), facecolor=plt.rcParams["ytick.color"],
+                           edgecolor="none", clip_on=False),
+            autolim=False,
+        )  # fmt: skip
+        self.scale = None  # data to axes fraction
+
+    def marks(self) -> list:
+        """The tick marks: drawn among the curves (matplotlib's order), the labels after."""
+        return [self.major, self.minor]
+
+    def fit(self, values: list[float]) -> None:
+        """Set the range to show ``values`` (non-finite ones, and on a log axis non-positive
+        ones, left out), and draw its ticks."""
+        shown = [v for v in values if math.isfinite(v) and (v > 0 or not self.log)]
+        if not shown:
+            shown = [1.0]
+        forward = math.log10 if self.log else float
+        low, high = forward(min(shown)), forward(max(shown))
+        if high - low < 1e-12 * max(abs(low), abs(high), 1.0):  # one value: widen as matplotlib
+            low, high = (low - abs(low) * 0.05, high + abs(high) * 0.05) if low else (-0.05, 0.05)
+        span = high - low
+        low, high = low - _MARGIN * span, high + _MARGIN * span
+        self.scale = (forward, low, high)
+        if self.log:
+            major = LogLocator(base=10, subs=(1.0, 2.0, 5.0)).tick_values(10**low, 10**high)
+            minor = LogLocator(base=10, subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)).tick_values(
+                10**low, 10**high
+            )
+            text = [f"{value:g}" for value in major]
+        else:
+            major = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
+            minor = []
+            # As few decimals as every tick needs, the same for all (ScalarFormatter's way).
+            decimals = next(
+                d for d in range(10) if all(abs(v * 10**d - round(v * 10**d)) < 1e-6 for v in major)
+            )
+            text = [f"{value + 0.0:.{decimals}f}".replace("-", "−") for value in major]
+        inside = [(v, t) for v, t in zip(major, text) if low <= forward(v) <= high]
+        self.major.set_data([0] * len(inside), self.to_axes([v for v, _ in inside]))
+        minor = [v for v in minor if low <= forward(v) <= high]
+        self.minor.set_data([0] * len(minor), self.to_axes(minor))
+        left = {"x": -self.pad, "ha": "right", "va": "center"}
+        self.labels.set_paths([outline(words, self.size, **left) for _, words in inside])
+        self.labels.set_offsets([(0, y) for y in self.to_axes([v for v, _ in inside])])
+
+    def to_axes(self, values) -> list[float]:
+        """Data values as fractions of the axes' height (nan where they cannot be shown)."""
+        forward, low, high = self.scale
+        return [
+            (forward(v) - low) / (high - low)
+            if math.isfinite(v) and (v > 0 or not self.log)
+            else float("nan")
+            for v in values
+        ]
+
 
 class CurvesPicture:
-    """`draw`'s six panels, made once: a new run only moves the lines' data and the limits."""
+    """`draw`'s six panels, made and laid out once. A new run moves the lines' data and the
+    hand-drawn y axes (`_YAxis`), over a background that stays (see `moving_artists`)."""
 
     def __init__(self, fig, with_baseline: bool = True) -> None:
         self.fig = fig
+        fig.subplots_adjust(left=0.06, right=0.99, bottom=0.09, top=0.86, wspace=0.28,
+                            hspace=0.42)  # fmt: skip
         self.axes = list(fig.subplots(2, 3).flat)
         self.lines = []  # per panel: (this run's line, the baseline's line or None)
+        self.y_axes = []
         for ax, (_, ylabel, name, log) in zip(self.axes, PANELS):
             # The baseline is drawn last, dashed: where a bug changes nothing, dashes lie on the
             # line.
@@ -233,20 +326,31 @@ class CurvesPicture:
                 base = ax.plot([], [], "--", color=PALETTE["grey"], label="no bug")[0]
             self.lines.append((line, base))
             ax.set(title=name, xlabel="step", ylabel=ylabel)
-            if log:
-                log_axis(ax)
-        self.axes[0].legend(fontsize=8)
+            self.y_axes.append(_YAxis(ax, log))
+        # In the top margin rather than on a panel, where the curves would be drawn over it.
+        handles = [line for line in self.lines[0] if line is not None]
+        fig.legend(handles=handles, loc="upper right", fontsize=8, ncols=2)
+        self.title = fig.suptitle(" ", fontsize=11)
+
+    def moving_artists(self) -> list:
+        """What `update` changes, in drawing order: each panel's frame over its curves."""
+        moving = []
+        for ax, lines, y_axis in zip(self.axes, self.lines, self.y_axes):
+            moving += [*lines, *y_axis.marks(), *ax.spines.values(), y_axis.labels]
+        return [*moving, self.title]
 
     def update(self, curves: dict[str, list], baseline: dict[str, list] | None, title: str):
-        for ax, (key, *_), lines in zip(self.axes, PANELS, self.lines):
-            for run, line in zip((curves, baseline), lines):
-                if line is not None:
-                    x = run["eval_step"] if key.startswith("val") else range(1, len(run[key]) + 1)
-                    line.set_data(list(x), run[key])
-            ax.relim()
-            ax.autoscale_view()
-        self.fig.suptitle(title or "Bug detector", fontsize=11)
-        tight_layout_afresh(self.fig)
+        steps = len(curves["loss"])
+        for ax, (key, *_), lines, y_axis in zip(self.axes, PANELS, self.lines, self.y_axes):
+            runs = [(run, line) for run, line in zip((curves, baseline), lines) if line is not None]
+            y_axis.fit([v for run, _ in runs for v in run[key]])
+            for run, line in runs:
+                x = run["eval_step"] if key.startswith("val") else range(1, len(run[key]) + 1)
+                line.set_data(list(x), y_axis.to_axes(run[key]))
+            # Steps 1 … steps with autoscale's margins: the x axis changes only with `steps`.
+            margin = _MARGIN * max(steps - 1, 1)
+            ax.set_xlim(1 - margin, steps + margin)
+        self.title.set_text(title or "Bug detector")
 
 
 def draw(curves: dict[str, list], baseline: dict[str, list] | None = None, title: str = ""):
@@ -277,6 +381,7 @@ def bug_detector_view(initial: Iterable[str] = (), steps: int = 150, seed: int =
     bar = widgets.IntProgress(0, 0, steps, description="training", layout={"visibility": "hidden"})
     live = LiveFigure(FIGSIZE)
     picture = CurvesPicture(live.fig)
+    live.moving(picture.moving_artists)
 
     def chosen() -> set[str]:
         return {code for code, box in boxes.items() if box.value}

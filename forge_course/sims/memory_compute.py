@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.layout_engine import TightLayoutEngine
 
 from forge_course.reference.checkpointing import checkpointed_forward, segment_sizes
 from forge_course.reference.memory import saved_activation_bytes
-from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
+from forge_course.sims.display import PALETTE, LiveFigure, show
 
 __all__ = ["Measurement", "make_blocks", "measure", "measure_all", "draw", "memory_compute_view"]
 
@@ -151,24 +152,34 @@ class SegmentsPicture:
         ax_time.set(xlabel="checkpoint segments k", ylabel="forward + backward (ms, fastest)")
         ax_time.set_ylim(bottom=0)
         ax_time.legend(fontsize=8)
+        self.mem_ring.set_label(f"k = {first.segments}")
+        self.legend = ax_mem.legend(fontsize=8)  # its last entry names k: `update` renames it
+        # Laid out once, with titles as long as `update`'s: nothing an update changes moves the
+        # axes, so a live figure redraws only `moving_artists` over the rest. The engine is run
+        # once rather than set on the figure, which would lay it out at every draw.
+        self._titles(first)
+        TightLayoutEngine().execute(fig)
 
     def moving_artists(self) -> list:
         """What `update` changes; everything else stays as first drawn."""
-        return [self.mem_ring, self.ax_mem.get_legend(), self.ax_mem.title, self.time_ring,
+        return [self.mem_ring, self.legend, self.ax_mem.title, self.time_ring,
                 self.ax_time.title]  # fmt: skip
 
+    def _titles(self, chosen: Measurement) -> None:
+        plain, k = self.plain, chosen.segments
+        share = chosen.peak_bytes / plain.saved_bytes
+        self.ax_mem.set_title(f"k = {k}: at worst {share:.0%} of the plain forward's memory")
+        self.ax_time.set_title(f"k = {k}: {chosen.ms_per_step / plain.ms_per_step:.2f}× the "
+                               "plain step's time")  # fmt: skip
+
     def update(self, current: int) -> None:
-        plain, kib = self.plain, 1024
+        kib = 1024
         chosen = next(m for m in self.rest if m.segments == current)
         self.mem_ring.set_data([current] * 2, [chosen.saved_bytes / kib, chosen.peak_bytes / kib])
         self.mem_ring.set_label(f"k = {current}")
-        self.ax_mem.legend(fontsize=8)
-        share = chosen.peak_bytes / plain.saved_bytes
-        self.ax_mem.set_title(f"k = {current}: at worst {share:.0%} of the plain forward's memory")
+        self.legend.get_texts()[-1].set_text(f"k = {current}")
         self.time_ring.set_data([current], [chosen.ms_per_step])
-        self.ax_time.set_title(f"k = {current}: {chosen.ms_per_step / plain.ms_per_step:.2f}× the "
-                               "plain step's time")  # fmt: skip
-        tight_layout_afresh(self.fig)
+        self._titles(chosen)
 
 
 def draw(measurements: list[Measurement], current: int):

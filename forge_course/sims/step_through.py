@@ -1,8 +1,9 @@
 """Step through one training iteration of ``y = W·x + b``: every tensor, in the order it appears.
 
 The engine, `step_through`, is a pure function from the example's numbers to a list of stages;
-`draw_stage` draws one stage as a row of labelled "tensor cards"; `step_through_view` wires both
-to sliders. Tests drive the engine; the browser test checks that the view renders.
+`draw_stage` draws one stage as a row of labelled "tensor cards" (a `StagesPicture`, which a
+view keeps and updates); `step_through_view` wires both to sliders. Tests drive the engine; the
+browser test checks that the view renders.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.collections import PolyCollection
 
 from forge_course.reference.step import evaluate_linear, hand_step
 from forge_course.sims.display import PALETTE, LiveFigure, show
@@ -111,32 +113,57 @@ def step_through(W, b, x, t, lr: float = 0.01) -> list[Stage]:
     return stages
 
 
+class StagesPicture:
+    """`draw_stage`'s cards on one axes, made once: a stage changes the cards' colours, their
+    values and the title, which a live figure redraws over the rest (`moving_artists`)."""
+
+    def __init__(self, ax) -> None:
+        self.ax = ax
+        ax.set_xlim(0, len(CARDS))
+        ax.set_ylim(0, 1)
+        ax.axis("off")
+        self.cards = ax.add_collection(
+            PolyCollection(
+                [[(i + 0.05, 0.1), (i + 0.95, 0.1), (i + 0.95, 0.8), (i + 0.05, 0.8)]
+                 for i in range(len(CARDS))],
+                edgecolor=PALETTE["black"],
+            ),
+            autolim=False,
+        )  # fmt: skip
+        self.values = []
+        for i, name in enumerate(CARDS):
+            ax.text(i + 0.5, 0.88, name, ha="center", va="bottom", fontsize=9, fontweight="bold")
+            small = 6 if name.startswith(("W", "dL_dW")) else 7
+            self.values.append(ax.text(i + 0.5, 0.45, "", ha="center", va="center", fontsize=small))
+        self.title = ax.set_title(" ", fontsize=10)
+
+    def moving_artists(self) -> list:
+        """What `update` changes, in drawing order."""
+        return [self.cards, *self.values, self.title]
+
+    def update(self, stages: list[Stage], index: int) -> None:
+        """Show stage ``index``: new tensors orange, known ones blue, future ones grey."""
+        stage, colours = stages[index], []
+        for name, value in zip(CARDS, self.values):
+            if name in stage.new:
+                colour, text = PALETTE["orange"], _fmt(stage.values[name])
+            elif name in stage.values:
+                colour, text = PALETTE["sky"], _fmt(stage.values[name])
+            else:
+                colour, text = "#eeeeee", "?"
+            colours.append(colour)
+            value.set_text(text.replace("], [", "],\n["))
+        self.cards.set_facecolor(colours)
+        self.title.set_text(f"Stage {index + 1}/{len(stages)}. {stage.caption}")
+
+
 def draw_stage(stages: list[Stage], index: int, ax=None):
     """Draw stage ``index``: new tensors orange, known ones blue, future ones grey."""
-    stage = stages[index]
     if ax is None:
         fig, ax = plt.subplots(figsize=FIGSIZE)
-    else:
-        fig = ax.figure
     ax.clear()
-    ax.set_xlim(0, len(CARDS))
-    ax.set_ylim(0, 1)
-    ax.axis("off")
-    for i, name in enumerate(CARDS):
-        if name in stage.new:
-            colour, text = PALETTE["orange"], _fmt(stage.values[name])
-        elif name in stage.values:
-            colour, text = PALETTE["sky"], _fmt(stage.values[name])
-        else:
-            colour, text = "#eeeeee", "?"
-        ax.add_patch(plt.Rectangle((i + 0.05, 0.1), 0.9, 0.7, color=colour, ec=PALETTE["black"]))
-        ax.text(i + 0.5, 0.88, name, ha="center", va="bottom", fontsize=9, fontweight="bold")
-        small = 6 if name.startswith(("W", "dL_dW")) else 7
-        ax.text(
-            i + 0.5, 0.45, text.replace("], [", "],\n["), ha="center", va="center", fontsize=small
-        )
-    ax.set_title(f"Stage {index + 1}/{len(stages)}. {stage.caption}", fontsize=10)
-    return fig
+    StagesPicture(ax).update(stages, index)
+    return ax.figure
 
 
 def step_through_view(W, b, x, t, lr: float = 0.01) -> None:
@@ -146,10 +173,11 @@ def step_through_view(W, b, x, t, lr: float = 0.01) -> None:
     stage_slider = widgets.IntSlider(0, 0, 5, description="stage", continuous_update=True)
     lr_slider = widgets.FloatLogSlider(lr, base=10, min=-3, max=0, description="lr")
     live = LiveFigure(FIGSIZE)
-    ax = live.fig.subplots()
+    picture = StagesPicture(live.fig.subplots())
+    live.moving(picture.moving_artists)
 
     def redraw(*_):
-        draw_stage(step_through(W, b, x, t, lr_slider.value), stage_slider.value, ax)
+        picture.update(step_through(W, b, x, t, lr_slider.value), stage_slider.value)
         live.refresh()
 
     stage_slider.observe(redraw, "value")

@@ -17,15 +17,19 @@ tensor autograd saves for backward and counts it for as long as some graph still
 from __future__ import annotations
 
 import copy
+import math
 import weakref
 from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
+from matplotlib.collections import PathCollection, PolyCollection
 
 from forge_course.sims.display import PALETTE, LiveFigure, show
+from forge_course.sims.outlines import outline, points
 
 __all__ = [
     "LiveGraphMemory",
@@ -285,74 +289,155 @@ def _figsize(rows: int) -> tuple[float, float]:
     return (12, 2.6 * rows + 2.0)
 
 
+# The picture's layout, in inches: laid out once rather than by a layout engine per press, so
+# that a press redraws only what it changes. Each row of heatmaps is 1.6 inches high.
+_TOP, _ROW_GAP, _MEMORY_GAP, _MEMORY, _BOTTOM = 0.95, 1.0, 0.8, 0.8, 0.5
+_LEFT, _RIGHT, _COLUMN_GAP, _MEMORY_LEFT = 0.85, 0.3, 0.6, 2.9
+_TEXT_SIZE, _NUMBER_SIZE, _LINE = 8.5, 7.5, 10.5  # points; _LINE: baseline to baseline
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest 1, 2 or 5 × 10ⁿ at least ``value``: the memory axis changes only in steps."""
+    decade = 10 ** math.floor(math.log10(value))
+    return next(step * decade for step in (1, 2, 5, 10) if step * decade >= value)
+
+
 class _SidePanels:
-    """One copy's two panels (activations after dropout, outputs), updated in place."""
+    """One copy's two panels (activations after dropout, outputs), updated in place.
 
-    def __init__(self, ax_hidden, ax_out, batch: int, hidden: int, classes: int) -> None:
+    What a press changes is drawn cheaply: heatmaps as meshes, the output values as one
+    collection of outlines, and beside three fixed lines of text only their three numbers.
+    """
+
+    def __init__(self, ax_hidden, ax_out, batch: int, hidden: int, classes: int, mode: str):
         self.ax_hidden, self.ax_out = ax_hidden, ax_out
-        blank = [[0.0] * hidden for _ in range(batch)]
-        self.hidden = ax_hidden.imshow(blank, cmap="PuOr", vmin=-_VMAX, vmax=_VMAX, aspect="auto")
-        # A grey square and a cross over every unit, shown where dropout zeroed it.
-        self.masks = [
-            [
-                (
-                    ax_hidden.add_patch(
-                        plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color=PALETTE["grey"], alpha=0.9)
-                    ),
-                    ax_hidden.text(j, i, "×", ha="center", va="center", fontsize=9),
-                )
-                for j in range(hidden)
-            ]
-            for i in range(batch)
-        ]
+        colours = {"cmap": "PuOr", "vmin": -_VMAX, "vmax": _VMAX}
+        self.hidden = ax_hidden.pcolormesh(
+            np.arange(hidden + 1) - 0.5, np.arange(batch + 1) - 0.5, np.zeros((batch, hidden)),
+            **colours,
+        )  # fmt: skip
+        # A grey square and a cross over every unit that dropout zeroed.
+        self.squares = ax_hidden.add_collection(
+            PolyCollection([], facecolor=PALETTE["grey"], edgecolor="none", alpha=0.9),
+            autolim=False,
+        )
+        self.crosses = ax_hidden.scatter([], [], marker="x", s=20, color="black", lw=1)
         ax_hidden.set(xlabel="hidden unit (after dropout)", ylabel="example")
-        ax_hidden.set(xticks=range(hidden), yticks=range(batch))
-        blank = [[0.0] * classes for _ in range(batch)]
-        self.outputs = ax_out.imshow(blank, cmap="PuOr", vmin=-_VMAX, vmax=_VMAX, aspect="auto")
-        self.values = [
-            [ax_out.text(j, i, "", ha="center", va="center", fontsize=7.5) for j in range(classes)]
-            for i in range(batch)
-        ]
-        ax_out.set_title("outputs", fontsize=8.5)
+        ax_hidden.set(xticks=range(hidden), yticks=range(batch), ylim=(batch - 0.5, -0.5))
+        self.outputs = ax_out.pcolormesh(
+            np.arange(classes + 1) - 0.5, np.arange(batch + 1) - 0.5, np.zeros((batch, classes)),
+            **colours,
+        )  # fmt: skip
+        cells = [(j, i) for i in range(batch) for j in range(classes)]
+        self.values = ax_out.add_collection(
+            PathCollection([], offsets=cells, offset_transform=ax_out.transData,
+                           transform=points(ax_out.figure), edgecolor="none"),
+            autolim=False,
+        )  # fmt: skip
+        ax_out.set_title("outputs", fontsize=_TEXT_SIZE)
         ax_out.set(xlabel="class", ylabel="example", xticks=range(classes), yticks=[])
+        ax_out.set_ylim(batch - 0.5, -0.5)
+        lines = (
+            ["TRAIN mode · units dropped:", "BN subtracts this batch's mean, unit 0:",
+             "its running mean moves, unit 0 now:"]
+            if mode == "TRAIN"
+            else ["EVAL mode · units dropped:", "BN subtracts its running mean, unit 0:",
+                  "the running mean stays, unit 0 still:"]
+        )  # fmt: skip
+        # Three fixed lines above the heatmap, drawn once; beside them, the numbers a press
+        # changes, as outlines on the same baselines (what text costs is per line and glyph).
+        baselines = [_LINE * (len(lines) - row) - 4 for row in range(len(lines))]
+        texts = [
+            ax_hidden.annotate(words, (0, 1), xycoords="axes fraction", xytext=(0, baseline),
+                               textcoords="offset points", va="baseline", fontsize=_TEXT_SIZE,
+                               annotation_clip=False)
+            for words, baseline in zip(lines, baselines)
+        ]  # fmt: skip
+        fig = ax_hidden.figure
+        renderer = fig.canvas.get_renderer()  # the widths as Agg draws them, hinted
+        width = max(text.get_window_extent(renderer).width for text in texts) * 72 / fig.dpi
+        self.number_places = [(width + 4, baseline) for baseline in baselines]
+        self.numbers = ax_hidden.add_collection(
+            PathCollection([], offsets=[(0, 1)], offset_transform=ax_hidden.transAxes,
+                           transform=points(fig), facecolor="black", edgecolor="none",
+                           clip_on=False),
+            autolim=False,
+        )  # fmt: skip
 
-    def update(self, side: Side, title: str) -> None:
-        self.hidden.set_data(side.hidden)
-        for row, masks in zip(side.dropped, self.masks):
-            for dropped, (square, cross) in zip(row, masks):
-                square.set_visible(dropped)
-                cross.set_visible(dropped)
-        self.ax_hidden.set_title(title, fontsize=8.5, loc="left")
-        self.outputs.set_data(side.outputs)
-        for row, texts in zip(side.outputs, self.values):
-            for value, text in zip(row, texts):
-                text.set_text(f"{value:.2f}")
-                text.set_color("white" if abs(value) > 0.6 * _VMAX else "black")
+    def moving_artists(self) -> list:
+        """What `update` changes, in drawing order: each axes' frame is drawn over its data."""
+        spines = [list(ax.spines.values()) for ax in (self.ax_hidden, self.ax_out)]
+        return [self.hidden, self.squares, self.crosses, *spines[0], self.outputs, self.values,
+                *spines[1], self.numbers]  # fmt: skip
+
+    def update(self, side: Side) -> None:
+        self.hidden.set_array(np.asarray(side.hidden))
+        dropped = [(j, i) for i, row in enumerate(side.dropped) for j, d in enumerate(row) if d]
+        self.squares.set_verts(
+            [[(j - 0.5, i - 0.5), (j + 0.5, i - 0.5), (j + 0.5, i + 0.5), (j - 0.5, i + 0.5)]
+             for j, i in dropped]
+        )  # fmt: skip
+        self.crosses.set_offsets(dropped if dropped else np.empty((0, 2)))
+        self.outputs.set_array(np.asarray(side.outputs))
+        values = [value for row in side.outputs for value in row]
+        self.values.set_paths(
+            [outline(f"{value:.2f}", _NUMBER_SIZE, ha="center", va="center") for value in values]
+        )
+        self.values.set_facecolor(
+            ["white" if abs(value) > 0.6 * _VMAX else "black" for value in values]
+        )
+        units = len(side.dropped) * len(side.dropped[0])
+        numbers = [f"{sum(map(sum, side.dropped))} of {units}", f"{side.mean_used[0]:+.3f}",
+                   f"{side.running_mean[0]:+.3f}"]  # fmt: skip
+        self.numbers.set_paths(
+            [outline(text, _TEXT_SIZE, *at) for text, at in zip(numbers, self.number_places)]
+        )
 
 
 class PressesPicture:
     """`draw_presses`'s picture for ``rows`` presses, its artists made once and then updated:
-    a press changes data, visibility and text, not the figure."""
+    a press changes data and a few short texts, not the figure. It is laid out once, without a
+    layout engine, so a live figure can redraw only `moving_artists`."""
 
     def __init__(self, fig, rows: int, batch: int, hidden: int, classes: int) -> None:
         self.fig, self.rows = fig, rows
+        width, height = fig.get_size_inches()
+        row = (height - _TOP - _ROW_GAP * (rows - 1) - _MEMORY_GAP - _MEMORY - _BOTTOM) / rows
+        column = (width - _LEFT - _RIGHT - 3 * _COLUMN_GAP) / 4  # the mean width
         grid = fig.add_gridspec(
-            rows + 1, 4, width_ratios=[8, 3, 8, 3], height_ratios=[3] * rows + [1.6]
-        )
-        self.sides = []
-        for row in range(rows):
-            axes = [fig.add_subplot(grid[row, col]) for col in range(4)]
+            rows, 4, width_ratios=[8, 3, 8, 3], left=_LEFT / width, right=1 - _RIGHT / width,
+            top=1 - _TOP / height, bottom=(_BOTTOM + _MEMORY + _MEMORY_GAP) / height,
+            wspace=_COLUMN_GAP / column, hspace=_ROW_GAP / row,
+        )  # fmt: skip
+        self.sides, self.row_labels = [], []
+        for r in range(rows):
+            axes = [fig.add_subplot(grid[r, col]) for col in range(4)]
             self.sides.append(
-                (_SidePanels(*axes[:2], batch, hidden, classes),
-                 _SidePanels(*axes[2:], batch, hidden, classes))
+                (_SidePanels(*axes[:2], batch, hidden, classes, "TRAIN"),
+                 _SidePanels(*axes[2:], batch, hidden, classes, "EVAL"))
             )  # fmt: skip
-        ax = self.memory_ax = fig.add_subplot(grid[-1, :])
+            # Which press a row shows, and whether it recorded graphs, once for both copies.
+            self.row_labels.append(
+                axes[0].annotate("", (0, 0.5), xycoords="axes fraction", xytext=(-42, 0),
+                                 textcoords="offset points", rotation=90, ha="center",
+                                 va="center", fontsize=9, fontweight="bold")
+            )  # fmt: skip
+        memory = fig.add_gridspec(
+            1, 1, left=_MEMORY_LEFT / width, right=1 - _RIGHT / width,
+            bottom=_BOTTOM / height, top=(_BOTTOM + _MEMORY) / height,
+        )  # fmt: skip
+        ax = self.memory_ax = fig.add_subplot(memory[0, 0])
         colours = [PALETTE["orange"], PALETTE["blue"], PALETTE["vermillion"]]
         self.bars = ax.barh(range(3), [0] * 3, color=colours)
         self.bar_texts = [ax.text(0, i, "", va="center", fontsize=8) for i in range(3)]
         ax.invert_yaxis()
+        ax.set_yticks(range(3), ["saved by the train-mode forward",
+                                 "saved by the eval-mode forward",
+                                 "still held by graphs of kept outputs"])  # fmt: skip
         ax.set_xlabel("bytes saved for backward, measured with saved-tensor hooks")
         ax.set_ylabel("measurement")
+        ax.set_xlim(0, 1)
+        ax.set_title("Memory after the last press", fontsize=9, loc="left")
         fig.suptitle(
             "One batch through two copies of one model: train mode (left), eval mode (right)"
         )
@@ -363,49 +448,38 @@ class PressesPicture:
         return cls(fig, len(presses[-2:]), len(side.hidden), len(side.hidden[0]),
                    len(side.outputs[0]))  # fmt: skip
 
+    def moving_artists(self) -> list:
+        """What `update` changes, in drawing order (for `LiveFigure.moving`)."""
+        panels = [a for sides in self.sides for side in sides for a in side.moving_artists()]
+        return [*panels, *self.row_labels, *self.bars, *self.memory_ax.spines.values(),
+                *self.bar_texts]  # fmt: skip
+
     def update(self, presses: list[Press]) -> None:
         """Show the last ``rows`` presses and the memory of the last one."""
-        for (train_panels, eval_panels), press in zip(self.sides, presses[-self.rows :]):
-            train, evaluation = press.train, press.eval
-            grad = "under no_grad" if press.no_grad else "grad on"
-            units = len(train.dropped) * len(train.dropped[0])
-            train_panels.update(
-                train,
-                f"press {press.number} · TRAIN mode ({grad}) · "
-                f"{sum(map(sum, train.dropped))} of {units} units dropped\n"
-                f"BN subtracts this batch's mean (unit 0: {train.mean_used[0]:+.3f});\n"
-                f"its running mean moves: unit 0 now {train.running_mean[0]:+.3f}",
-            )
-            eval_panels.update(
-                evaluation,
-                f"press {press.number} · EVAL mode ({grad}) · no unit dropped\n"
-                f"BN subtracts its running mean (unit 0: {evaluation.mean_used[0]:+.3f});\n"
-                f"the running mean stays: unit 0 still {evaluation.running_mean[0]:+.3f}",
-            )
+        shown = presses[-self.rows :]
+        for (train_panels, eval_panels), label, press in zip(self.sides, self.row_labels, shown):
+            train_panels.update(press.train)
+            eval_panels.update(press.eval)
+            label.set_text(f"press {press.number} · {'no_grad' if press.no_grad else 'grad on'}")
         last = presses[-1]
-        labels = [
-            "saved by the train-mode forward",
-            "saved by the eval-mode forward",
-            f"still held: graphs of {last.kept} kept outputs",
-        ]
         values = [last.saved_train_bytes, last.saved_eval_bytes, last.held_bytes]
-        for bar, text, value in zip(self.bars, self.bar_texts, values):
+        texts = [f" {value:,} bytes" for value in values]
+        texts[2] += f" · {last.kept} outputs kept"
+        for bar, label, value, text in zip(self.bars, self.bar_texts, values, texts):
             bar.set_width(value)
-            text.set_x(value)
-            text.set_text(f" {value:,} bytes")
-        ax = self.memory_ax
-        ax.set_yticks(range(3), labels)
-        ax.set_xlim(0, max(values + [1]) * 1.3)
-        ax.set_title(f"Memory after press {last.number}", fontsize=9, loc="left")
+            label.set_x(value)
+            label.set_text(text)
+        self.memory_ax.set_xlim(0, _nice_ceiling(max(values + [1]) * 1.3))
 
 
 def draw_presses(presses: list[Press]):
     """Draw the last two presses (one row each) and the memory bars of the last one.
 
     Dropped units are grey with a cross; colour is the value (purple negative, orange
-    positive). Each panel's title says which mean batch norm subtracted.
+    positive). Beside each row: the press, and whether it recorded graphs; above each heatmap,
+    how many units dropout zeroed and which mean batch norm subtracted.
     """
-    fig = plt.figure(figsize=_figsize(len(presses[-2:])), layout="constrained")
+    fig = plt.figure(figsize=_figsize(len(presses[-2:])))
     PressesPicture.for_presses(fig, presses).update(presses)
     return fig
 
@@ -429,8 +503,9 @@ def train_vs_eval_view(seed: int = 0, p: float = 0.5) -> None:
     def render():
         presses, picture = state["presses"], state["picture"]
         if picture is None or picture.rows != len(presses[-2:]):
-            live = state["live"] = LiveFigure(_figsize(len(presses[-2:])), layout="constrained")
+            live = state["live"] = LiveFigure(_figsize(len(presses[-2:])))
             picture = state["picture"] = PressesPicture.for_presses(live.fig, presses)
+            live.moving(picture.moving_artists)
             image.children = [live.image]
         picture.update(presses)
         state["live"].refresh()

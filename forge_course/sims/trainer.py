@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.ticker import FuncFormatter
@@ -30,7 +31,7 @@ from forge_course.reference.training import (
     spiral_data,
     steps_per_epoch,
 )
-from forge_course.sims.display import PALETTE, LiveFigure, show, tight_layout_afresh
+from forge_course.sims.display import PALETTE, LiveFigure, show
 
 #: Loop bugs the simulator can inject, and what each one does to the loop.
 BUGS = {
@@ -276,6 +277,7 @@ _SPARSE = FuncFormatter(lambda value, _: f"{value:g}" if f"{value:.0e}"[0] in "2
 
 
 FIGSIZE = (12, 5.2)
+_RESOLUTION, _EXTENT = 60, 1.2  # the map's grid: points per side, and where it ends
 
 #: The metric panels of `draw_trainer`: history key, y label, colour, y scale.
 METRIC_PANELS = (
@@ -285,62 +287,113 @@ METRIC_PANELS = (
     ("lr", "learning rate", PALETTE["purple"], "linear"),
 )
 
+# Steps of a y limit: a limit moves only when the data cross one, so most steps redraw only
+# the curves (a new limit redraws the whole figure). Log axes step by 1, 2, 5 per decade.
+_LOG_STEPS, _LINEAR_STEPS = (1, 2, 5), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
+
+
+def _stepped(value: float, steps: tuple, *, up: bool) -> float:
+    """The nearest ``step × 10ⁿ`` above ``value`` (``up``) or below it, for positive values."""
+    decade = 10.0 ** math.floor(math.log10(value))
+    candidates = [s * decade for s in (*steps, 10)] + [steps[-1] * decade / 10]
+    if up:
+        return min(c for c in candidates if c >= value * (1 - 1e-12))
+    return max(c for c in candidates if c <= value * (1 + 1e-12))
+
+
+def _y_limits(values: list[float], scale: str) -> tuple[str, tuple[float, float]]:
+    """The scale and the stepped limits of a metric panel (0 to 1 when nothing is finite)."""
+    finite = [v for v in values if math.isfinite(v)]
+    positive = [v for v in finite if v > 0]
+    if scale == "log" and positive:
+        low = _stepped(min(positive), _LOG_STEPS, up=False)
+        return "log", (low, _stepped(max(max(positive), low * 1.01), _LOG_STEPS, up=True))
+    if not finite:
+        return "linear", (0.0, 1.0)
+    low, high = min(finite), max(finite)
+    top = _stepped(high * 1.05, _LINEAR_STEPS, up=True) if high > 0 else 0.0
+    bottom = -_stepped(-low * 1.05, _LINEAR_STEPS, up=True) if low < 0 else 0.0
+    return "linear", (bottom, top if top > bottom else 1.0)
+
 
 class TrainerPicture:
-    """`draw_trainer`'s figure, made once: a step moves the map's pixels and the curves' data."""
+    """`draw_trainer`'s figure, made once and laid out once (fixed margins): a step moves the
+    map's pixels, the curves' data and the titles, redrawn over a kept background
+    (`moving_artists`); y limits move in steps (see `_stepped`)."""
 
     def __init__(self, fig) -> None:
         self.fig = fig
-        grid = fig.add_gridspec(2, 3, width_ratios=[1.25, 1, 1])
-        ax_map = self.ax_map = fig.add_subplot(grid[:, 0])
-        self.regions = ax_map.imshow(
-            [[0.0]], origin="lower", extent=(-1.2, 1.2, -1.2, 1.2), cmap=_REGIONS,
-            vmin=0, vmax=1, alpha=0.45,
+        grid = fig.add_gridspec(
+            2, 3, width_ratios=[1.25, 1, 1], left=0.06, right=0.985, bottom=0.1, top=0.88,
+            wspace=0.32, hspace=0.42,
+        )  # fmt: skip
+        ax_map = self.ax_map = fig.add_subplot(grid[:, 0], aspect="equal")
+        # A mesh of the probabilities' grid (as `Trainer.probabilities` samples it): cheaper to
+        # draw per step than an image, which is resampled to the screen.
+        edges = np.linspace(-_EXTENT, _EXTENT, _RESOLUTION + 1)
+        self.regions = ax_map.pcolormesh(
+            edges, edges, np.zeros((_RESOLUTION, _RESOLUTION)), cmap=_REGIONS, vmin=0, vmax=1,
+            alpha=0.45,
         )  # fmt: skip
         self.points = [
             ax_map.scatter([], [], s=12, color=colour, label=f"class {label}")
             for label, colour in ((0, PALETTE["blue"]), (1, PALETTE["vermillion"]))
         ]
-        ax_map.set(xlabel="x₁", ylabel="x₂")
-        ax_map.legend(loc="lower right", fontsize=8)
+        ax_map.set(xlabel="x₁", ylabel="x₂", xlim=(-_EXTENT, _EXTENT), ylim=(-_EXTENT, _EXTENT))
+        # Below the map, beside x₁, not on it: drawn once rather than over every new map.
+        ax_map.legend(loc="upper left", bbox_to_anchor=(-0.03, -0.055), ncols=2, fontsize=8,
+                      columnspacing=0.8, handletextpad=0.1, frameon=False)  # fmt: skip
+        title = ax_map.set_title("Predicted regions after step", loc="left")
+        self.step = ax_map.annotate(
+            "",
+            (1, 0),
+            xycoords=title,
+            xytext=(4, 0),
+            va="bottom",
+            textcoords="offset points",
+            fontsize=title.get_fontsize(),
+        )
         self.curves = []
         for index, (key, label, colour, _) in enumerate(METRIC_PANELS):
             ax = fig.add_subplot(grid[index // 2, 1 + index % 2])
+            if key == "val_accuracy":  # made first, so the curve is drawn over it
+                ax.axhline(0.9, color=PALETTE["grey"], ls="--", lw=1)
             self.curves.append(ax.plot([], [], color=colour, lw=1.2)[0])
             ax.set(xlabel="step", ylabel=label)
-            if key == "val_accuracy":
-                ax.axhline(0.9, color=PALETTE["grey"], ls="--", lw=1)
+        self.title = fig.suptitle(" ", fontsize=11)
+
+    def moving_artists(self) -> list:
+        """What `update` changes, in drawing order: each axes' frame over its data."""
+        ax_map = self.ax_map
+        curves = [a for line in self.curves for a in (line, *line.axes.spines.values())]
+        return [self.regions, *self.points, *ax_map.spines.values(), self.step, *curves,
+                self.title]  # fmt: skip
 
     def update(self, trainer: Trainer) -> None:
-        self.regions.set_data(trainer.probabilities().numpy())
+        self.regions.set_array(trainer.probabilities(_RESOLUTION, _EXTENT).numpy())
         for label, points in enumerate(self.points):
             points.set_offsets(trainer.X_val[trainer.y_val == label].cpu().numpy())
-        self.ax_map.set_title(f"Predicted regions after step {trainer.steps_done}")
+        self.step.set_text(str(trainer.steps_done))
         history = trainer.history
         steps = range(1, len(history["loss"]) + 1)
         for line, (key, _, _, scale) in zip(self.curves, METRIC_PANELS):
             ax = line.axes
             values = [v if math.isfinite(v) else float("nan") for v in history[key]]
             line.set_data(steps, values)
-            ax.relim()
-            if scale == "log" and any(v > 0 for v in values):
-                ax.set_yscale("log")
-                ax.yaxis.set_major_formatter(_PLAIN)
-                ax.yaxis.set_minor_formatter(_SPARSE)
-            else:
-                ax.set_yscale("linear")
-            ax.autoscale_view()
+            scale, limits = _y_limits(values, scale)
+            if ax.get_yscale() != scale:  # a change of scale redraws the figure anyway
+                ax.set_yscale(scale)
+                if scale == "log":
+                    ax.yaxis.set_major_formatter(_PLAIN)
+                    ax.yaxis.set_minor_formatter(_SPARSE)
+            ax.set_ylim((0.3, 1.02) if key == "val_accuracy" else limits)
             ax.set_xlim(0, max(trainer.total_steps, 1))
-            if key == "val_accuracy":
-                ax.set_ylim(0.3, 1.02)
         bugs = ", ".join(sorted(trainer.bugs)) or "none"
         cfg = trainer.config
-        self.fig.suptitle(
+        self.title.set_text(
             f"{cfg['optimizer']}, lr {cfg['lr']:g}, {cfg['scheduler']} schedule, "
-            f"batch {cfg['batch_size']}; bugs: {bugs}",
-            fontsize=11,
+            f"batch {cfg['batch_size']}; bugs: {bugs}"
         )
-        tight_layout_afresh(self.fig)
 
 
 def draw_trainer(trainer: Trainer, fig=None):
@@ -401,6 +454,7 @@ def trainer_view(config: dict | None = None, device="cpu", warm_up_epochs: int =
     status = widgets.HTML()
     live = LiveFigure(FIGSIZE)
     picture = TrainerPicture(live.fig)
+    live.moving(picture.moving_artists)
     state = {}
 
     def new_run(*_):
