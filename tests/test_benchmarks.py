@@ -15,6 +15,7 @@ ENGINES = {path.stem for path in (REPO / "forge_course" / "sims").glob("*.py")} 
     "__init__",
     "display",  # the views' shared helpers, not engines
     "pasted_text",
+    "outlines",
 }
 
 

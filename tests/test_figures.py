@@ -57,6 +57,7 @@ def _describe_figure(fig):
     whether it plots data, and the colours it draws with (hex, alpha dropped, transparent left
     out). Self-contained, so that its source also runs inside a notebook's kernel.
     """
+    from matplotlib.collections import QuadMesh
     from matplotlib.colors import to_hex, to_rgba
 
     def label(ax, axis):
@@ -72,7 +73,9 @@ def _describe_figure(fig):
         for patch in ax.patches:
             found += [patch.get_facecolor(), patch.get_edgecolor()]
         for collection in ax.collections:
-            found += [*collection.get_facecolor(), *collection.get_edgecolor()]
+            # A mesh coloured by a colormap (pcolormesh) is a picture of values, as an image is.
+            mesh = isinstance(collection, QuadMesh) and collection.get_array() is not None
+            found += [*([] if mesh else collection.get_facecolor()), *collection.get_edgecolor()]
         rgba = [to_rgba(c) for c in found if not (isinstance(c, str) and c.lower() == "none")]
         return sorted({to_hex(c) for c in rgba if c[3] > 0})
 

@@ -16,25 +16,34 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from matplotlib.font_manager import FontProperties
 from matplotlib.path import Path
 from matplotlib.textpath import TextPath
 from matplotlib.transforms import Affine2D
 
-__all__ = ["outline", "points"]
+__all__ = ["outline", "points", "text_width"]
 
 
 @functools.cache
-def _glyph(char: str, size: float) -> tuple[Path, float]:
+def _glyph(char: str, size: float, bold: bool = False) -> tuple[Path, float]:
     """``char``'s outline at ``size`` points (baseline at 0), and its advance width."""
-    path = Path(np.empty((0, 2))) if char.isspace() else TextPath((0, 0), char, size=size)
+    prop = FontProperties(weight="bold" if bold else "normal")
+    path = (Path(np.empty((0, 2))) if char.isspace()
+            else TextPath((0, 0), char, size=size, prop=prop))  # fmt: skip
     # Two zeros around it, less two zeros alone: the advance, side bearings included.
-    inked = [TextPath((0, 0), s, size=size).vertices[:, 0] for s in (f"0{char}0", "00")]
+    inked = [TextPath((0, 0), s, size=size, prop=prop).vertices[:, 0] for s in (f"0{char}0", "00")]
     return path, float(inked[0].max() - inked[0].min() - inked[1].max() + inked[1].min())
 
 
 @functools.lru_cache(maxsize=8192)
 def outline(
-    text: str, size: float, x: float = 0.0, y: float = 0.0, ha: str = "left", va: str = "baseline"
+    text: str,
+    size: float,
+    x: float = 0.0,
+    y: float = 0.0,
+    ha: str = "left",
+    va: str = "baseline",
+    bold: bool = False,
 ) -> Path:
     """``text`` at ``size`` points as one path, in points, anchored at (``x``, ``y``).
 
@@ -42,16 +51,21 @@ def outline(
         ha: which end of the text is at ``x``: "left", "center" or "right".
         va: "baseline" (the baseline at ``y``) or "center" (a digit's middle at ``y``).
     """
-    width = sum(_glyph(char, size)[1] for char in text)
+    width = text_width(text, size, bold)
     left = {"left": x, "center": x - width / 2, "right": x - width}[ha]
     if va == "center":
         y -= _glyph("0", size)[0].vertices[:, 1].max() / 2
     parts = []
     for char in text:
-        path, advance = _glyph(char, size)
+        path, advance = _glyph(char, size, bold)
         parts.append(path.transformed(Affine2D().translate(left, y)))
         left += advance
     return Path.make_compound_path(*parts)
+
+
+def text_width(text: str, size: float, bold: bool = False) -> float:
+    """How far ``text`` at ``size`` points advances, in points."""
+    return sum(_glyph(char, size, bold)[1] for char in text)
 
 
 def points(fig) -> Affine2D:

@@ -23,20 +23,16 @@ real DataLoader, worker ids and request order included.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.collections import PathCollection, PolyCollection
-from matplotlib.font_manager import FontProperties
 from matplotlib.patches import FancyBboxPatch
-from matplotlib.path import Path
-from matplotlib.textpath import TextPath
-from matplotlib.transforms import Affine2D
 
 from forge_course.sims.display import PALETTE, LiveFigure, show
+from forge_course.sims.outlines import outline, points, text_width
 
 MAIN_PROCESS = -1  # the "worker" id of batches built by the main process (num_workers=0)
 WORKER_COLOURS = [PALETTE[c] for c in ("blue", "orange", "green", "purple", "sky", "yellow")]
@@ -175,9 +171,9 @@ def _stage_details(plan: EpochPlan) -> list[str]:
 
 
 class _Words:
-    """Many short texts drawn as one collection of glyph outlines (`TextPath`, cached per text,
-    scaled to the font size): a Text artist costs about a millisecond to draw, and a plan shows
-    a hundred indices and a label and a note per batch."""
+    """Many short texts drawn as one collection of glyph outlines (`outlines`): a Text artist
+    costs about a millisecond to draw, and a plan shows a hundred indices and a label and a
+    note per batch."""
 
     def __init__(self, ax, fontsize: float, ha: str, bold: bool = False) -> None:
         self.ax, self.fontsize, self.ha, self.bold, self.words = ax, fontsize, ha, bold, []
@@ -188,53 +184,14 @@ class _Words:
     def set(self, words: list[str], where: list[tuple[float, float]], colours: list[str],
             fontsize: float | None = None) -> None:  # fmt: skip
         """``words[i]`` at ``where[i]`` (data coordinates), aligned by ``ha``, centred on y."""
-        points = (fontsize or self.fontsize) / OUTLINE_SIZE / 72  # outlines are in points
-        self.collection.set_transform(Affine2D().scale(points) + self.ax.figure.dpi_scale_trans)
+        size = fontsize or self.fontsize
+        self.collection.set_transform(points(self.ax.figure))
         self.words = list(words)
-        self.collection.set_paths([_outline(w, self.ha, self.bold) for w in words])
+        self.collection.set_paths(
+            [outline(w, size, ha=self.ha, va="center", bold=self.bold) for w in words]
+        )
         self.collection.set_offsets(np.array(where, dtype=float).reshape(-1, 2))
         self.collection.set_facecolors(colours)
-
-
-OUTLINE_SIZE = 10.0  # points: the size outlines are made at, then scaled
-
-
-@functools.lru_cache(maxsize=4096)
-def _outline(text: str, ha: str, bold: bool = False) -> Path:
-    """``text``'s glyph outlines at `OUTLINE_SIZE` points, placed so that its anchor (left,
-    centre or right edge; the middle of a digit's height) is at the origin. Made of its words'
-    outlines, each made once: a plan's notes and labels share most of their words."""
-    parts, x = [], 0.0
-    for word in text.split(" "):
-        if word:
-            path, width = _word(word, bold)
-            parts.append(Path(path.vertices + [x, 0], path.codes))
-            x += width
-        x += _word(" ", bold)[1]
-    path = Path.make_compound_path(*parts) if parts else Path(np.zeros((1, 2)))
-    (x0, _), (x1, _) = _bounds(path)
-    dx = {"left": x0, "center": (x0 + x1) / 2, "right": x1}[ha]
-    (_, y0), (_, y1) = _bounds(_word("0", False)[0])  # rows of digits and of words line up
-    return Path(path.vertices - [dx, (y0 + y1) / 2], path.codes)
-
-
-def _bounds(path: Path) -> np.ndarray:
-    """Lower-left and upper-right corners of a path's points, curves' control points included:
-    `Path.get_extents` finds the curves' extrema exactly, and takes ~100 times longer."""
-    points = path.vertices if path.codes is None else path.vertices[path.codes != Path.CLOSEPOLY]
-    return np.array([points.min(axis=0), points.max(axis=0)])
-
-
-@functools.lru_cache(maxsize=1024)
-def _word(word: str, bold: bool) -> tuple[Path, float]:
-    """A word's outlines (baseline at 0, starting at 0) and its advance (``"wordx"`` ends that
-    much further right than ``"x"``); for ``" "``, no outline and a space's advance."""
-    prop = FontProperties(weight="bold" if bold else "normal")
-    followed, x = (TextPath((0, 0), t, size=OUTLINE_SIZE, prop=prop) for t in (word + "x", "x"))
-    advance = _bounds(followed)[1, 0] - _bounds(x)[1, 0]
-    if word == " ":
-        return Path(np.zeros((1, 2))), advance
-    return TextPath((0, 0), word, size=OUTLINE_SIZE, prop=prop), advance
 
 
 class PlanPicture:
@@ -331,8 +288,8 @@ class PlanPicture:
         self.notes.set([n for n, _ in noted], [(columns + 0.3, y) for _, y in noted],
                        ["black"] * len(noted))  # fmt: skip
         # Room on the right for the widest note (a share of the axes' width, in points).
-        widths = [np.ptp(_bounds(_outline(n, "left"))[:, 0]) for n, _ in noted] or [0.0]
-        share = max(widths) * self.notes.fontsize / OUTLINE_SIZE / (0.78 * 11 * 72)
+        widths = [text_width(n, self.notes.fontsize) for n, _ in noted] or [0.0]
+        share = max(widths) / (0.78 * 11 * 72)
         self.bottom.set_xlim(-0.2, max(columns + 6.5, (columns + 0.4 + 0.2 * share) / (1 - share)))
         self.bottom.set_ylim(-0.1, len(rows))
         ahead = s["num_workers"] * s["prefetch_factor"]
