@@ -256,3 +256,44 @@ def test_a_worker_that_ended_between_submissions_is_replaced_not_blamed():
         outcome = box.run({"prelude": "", "answer": "x = 2", "variables": ["x"]})
     assert outcome.status == "finished", outcome
     assert {"variables": {"x": 2}} in outcome.messages
+
+
+FLOOD = (  # 256 MB without a newline, to stdout, stderr or every pipe the job holds (its channel)
+    "import os\nchunk = b'x' * (1 << 20)\n"
+    "for _ in range(256):\n"
+    "    for fd in {fds}:\n"
+    "        try:\n            os.write(fd, chunk)\n"
+    "        except OSError:\n            pass\n"
+)
+
+
+@pytest.mark.parametrize("fds", ["(1,)", "(2,)", "range(3, 20)"])
+def test_a_flood_of_output_is_the_submissions_limit_not_the_graders_memory(fds):
+    """Whatever a job writes, printed or sent down its channel, the grader reads in bounded
+    chunks and keeps a bounded amount: a flood ends that exercise as over a limit, and the
+    grader's own memory does not grow with it."""
+    from resource import RUSAGE_SELF, getrusage
+
+    before = getrusage(RUSAGE_SELF).ru_maxrss / 1024  # MB
+    with sandbox.Session(LIMITS) as box:
+        flooded = box.run({"prelude": "", "answer": FLOOD.format(fds=fds), "variables": []})
+        after = box.run({"prelude": "", "answer": "x = 1", "variables": ["x"]})
+    grew = getrusage(RUSAGE_SELF).ru_maxrss / 1024 - before
+    assert flooded.status == "resource limit" and flooded.detail.startswith("output:"), flooded
+    assert after.status == "finished" and {"variables": {"x": 1}} in after.messages, after
+    assert grew < 64, f"the grader's peak memory grew by {grew:.0f} MB"
+
+
+def test_the_grader_never_holds_a_line_longer_than_its_limit(monkeypatch):
+    """The reply pipe is read in chunks: an over-long line is dropped as it arrives and named,
+    and the lines after it are read as usual."""
+    import queue
+
+    monkeypatch.setattr(sandbox, "MAX_LINE", 1000)
+    read, write = os.pipe()
+    with os.fdopen(read, "rb") as pipe:
+        lines = queue.Queue()
+        os.write(write, b"first\n" + b"y" * 5000 + b"\nlast\n")
+        os.close(write)
+        sandbox._read_lines(pipe, lines)
+    assert [lines.get() for _ in range(4)] == ["first", sandbox.TOO_LONG, "last", None]

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge_course.grader import cgroup, seccomp
-from forge_course.grader.worker import Watch
+from forge_course.grader.worker import MAX_OUTPUT, Watch
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # The only parts of forge_course a grading worker can import: none holds an answer (the loop
@@ -62,7 +62,12 @@ WORKER_FILES = (
 )  # fmt: skip
 STAGE_IN_SANDBOX = "/opt/forge"
 NOBODY = 65534
-MAX_LINE = 32 * 2**20  # a reply line longer than this is cut (the worker caps its own output)
+# The longest reply a worker writes: a job's output (at most MAX_OUTPUT bytes) spelled as JSON,
+# each byte at most 6 characters (\u0000), and the reply's own fields. A longer line is not read.
+MAX_LINE = 6 * MAX_OUTPUT + 2**20
+TOO_LONG = "a line longer than MAX_LINE"  # what `_read_lines` queues in its place
+MAX_SAID = 64 * 2**10  # the worker's stderr kept, to explain a worker that did not start
+CHUNK = 2**16
 # Each tmpfs holds this much more than the disk limit, so that a job going over the limit is
 # seen and named by the watcher, not only refused by a full disk.
 DISK_SLACK_MB = 16
@@ -352,16 +357,20 @@ class Session:
             if filter_fd is not None:
                 os.close(filter_fd)
         self._lines: queue.Queue[str | None] = queue.Queue()
-        self._errors: list[str] = []
-        threading.Thread(target=self._read, args=(self.process, self._lines), daemon=True).start()
-        threading.Thread(target=self._read_errors, args=(self.process,), daemon=True).start()
+        self._said = bytearray()  # the last `MAX_SAID` bytes of the worker's stderr
+        threading.Thread(
+            target=_read_lines, args=(self.process.stdout, self._lines), daemon=True
+        ).start()
+        threading.Thread(
+            target=_read_tail, args=(self.process.stderr, self._said), daemon=True
+        ).start()
         try:
             ready = self._lines.get(timeout=self.limits.startup_seconds)
         except queue.Empty:
             ready = None
         if not (ready and ready.startswith('{"ready": true}')):
             self._stop()
-            said = "".join(self._errors[-20:]).strip() or "nothing"
+            said = self._said.decode("utf-8", "replace").strip()[-2000:] or "nothing"
             raise SandboxError(f"the grading sandbox did not start ({self.mode}); it said: {said}")
         self._move(self._groups)
 
@@ -375,19 +384,7 @@ class Session:
             env=_environment(home, self.devices),
             preexec_fn=_start_in(self._idle or self._groups),
             pass_fds=fds,
-            text=True,
         )
-
-    @staticmethod
-    def _read(process: subprocess.Popen, lines: queue.Queue) -> None:
-        for line in process.stdout:
-            lines.put(line[:MAX_LINE])
-        lines.put(None)
-
-    def _read_errors(self, process: subprocess.Popen) -> None:
-        for line in process.stderr:  # kept only to explain a worker that did not start
-            if len(self._errors) < 200:
-                self._errors.append(line[:1000])
 
     def _stop(self) -> None:
         if self.process is not None:
@@ -416,9 +413,9 @@ class Session:
         # The CPU time already spent goes with the job: a fresh worker still counts it.
         job = {**job, "id": self._jobs, "cpu_spent": self.peaks.get("cpu_seconds", 0.0)}
         start = time.monotonic()
-        reply, cpu_over = None, False
+        reply, cpu_over, over = None, False, ""
         try:
-            self.process.stdin.write(json.dumps(job) + "\n")
+            self.process.stdin.write(json.dumps(job).encode() + b"\n")
             self.process.stdin.flush()
             while reply is None or reply.get("id") != job["id"]:
                 wait = min(0.5, start + budget - time.monotonic())
@@ -432,6 +429,9 @@ class Session:
                     continue
                 if line is None:
                     break  # the worker itself is gone
+                if line is TOO_LONG:
+                    over = f"output: a reply of more than {MAX_LINE // 2**20} MB"
+                    break
                 reply = _reply(line)
         except (BrokenPipeError, OSError):
             reply = None
@@ -442,8 +442,8 @@ class Session:
         self._tally(peaks, seconds)
         if not answered:
             self._stop()  # whatever it sent before it was stopped proves nothing
-            if cpu_over:
-                return Outcome([], "resource limit", self._cpu_detail(), seconds)
+            if cpu_over or over:
+                return Outcome([], "resource limit", over or self._cpu_detail(), seconds)
             outcome = Outcome([], "timeout", f"stopped after {budget:g} s", seconds)
             if seconds < budget:
                 outcome = Outcome([], "crashed", "the grading worker ended", seconds)
@@ -502,6 +502,33 @@ def _tree(pid: int) -> list[int]:
         found.append(todo.pop())
         todo += parents.get(found[-1], [])
     return found
+
+
+def _read_lines(pipe, lines: queue.Queue) -> None:
+    """Queue each line the worker writes, read in bounded chunks: a line longer than
+    `MAX_LINE` is never held, and `TOO_LONG` is queued in its place. None at the end."""
+    held, too_long = bytearray(), False
+    while chunk := os.read(pipe.fileno(), CHUNK):
+        *complete, rest = chunk.split(b"\n")
+        for part in complete:
+            if too_long or len(held) + len(part) > MAX_LINE:
+                lines.put(TOO_LONG)
+            else:
+                lines.put((held + part).decode("utf-8", "replace"))
+            held, too_long = bytearray(), False
+        too_long = too_long or len(held) + len(rest) > MAX_LINE
+        if too_long:
+            held.clear()
+        else:
+            held += rest
+    lines.put(None)
+
+
+def _read_tail(pipe, tail: bytearray) -> None:
+    """Keep the last `MAX_SAID` bytes of what the worker writes to ``pipe``, read in chunks."""
+    while chunk := os.read(pipe.fileno(), CHUNK):
+        tail += chunk
+        del tail[:-MAX_SAID]
 
 
 def _reply(line: str) -> dict | None:

@@ -37,7 +37,8 @@ class CellResult:
 
 
 def fingerprint(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    with path.open("rb") as f:  # in chunks: a submitted file may be of any size
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def read_notebook(path: Path) -> dict[str, str]:
@@ -47,10 +48,12 @@ def read_notebook(path: Path) -> dict[str, str]:
     """
     if path.is_symlink():
         raise ValueError("the notebook is a symbolic link, not a file")
-    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+    with path.open("rb") as f:  # never more than the bound, whatever the file grew to
+        data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
         raise ValueError(f"the notebook is larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
     try:
-        nb = json.loads(path.read_bytes())
+        nb = json.loads(data)
     except (ValueError, RecursionError) as err:
         raise ValueError(f"the notebook is not valid JSON ({type(err).__name__})") from None
     cells = nb.get("cells") if isinstance(nb, dict) else None
