@@ -297,3 +297,60 @@ def test_the_grader_never_holds_a_line_longer_than_its_limit(monkeypatch):
         os.close(write)
         sandbox._read_lines(pipe, lines)
     assert [lines.get() for _ in range(4)] == ["first", sandbox.TOO_LONG, "last", None]
+
+
+SPOTS = ("/", "/etc", "/opt", "/opt/forge", "/usr", "/dev", "/dev/pts", "/sys", "/run", "/var",
+         "/home", "/tmp", "/dev/shm")  # fmt: skip
+PLANT_EVERYWHERE = f"""import os, stat, sys
+spots = {SPOTS!r} + (os.path.dirname(os.__file__), sys.prefix, os.path.expanduser('~'))
+written = []
+for spot in spots:
+    try:
+        with open(os.path.join(spot, 'forge-planted'), 'w') as f:
+            f.write('42')
+        written.append(spot)
+    except OSError:
+        pass
+changed = []  # each change sets what is there already: one allowed would change nothing
+for node in ('/dev/null', '/dev/zero', '/dev/urandom'):
+    now = os.stat(node)
+    for change in (lambda: os.chmod(node, now.st_mode & 0o7777),
+                   lambda: os.utime(node, ns=(now.st_atime_ns, now.st_mtime_ns))):
+        try:
+            change()
+            changed.append(node)
+        except OSError:
+            pass
+with open('/dev/null', 'w') as f:
+    f.write('a device still works')
+mounts = [line.split() for line in open('/proc/self/mountinfo')]
+folders = [m[4] for m in mounts if not stat.S_ISCHR(os.stat(m[4]).st_mode)]
+writable = sorted(m[4] for m in mounts if m[4] in folders and 'rw' in m[5].split(','))
+"""
+FIND_PLANTED = f"""import os, sys
+spots = {SPOTS!r} + (os.path.dirname(os.__file__), sys.prefix, os.path.expanduser('~'))
+found = [spot for spot in spots if os.path.exists(os.path.join(spot, 'forge-planted'))]
+"""
+
+
+def test_a_job_writes_nowhere_but_its_scratch_and_the_next_student_finds_nothing():
+    """Everything in the sandbox but /tmp and /dev/shm (watched, emptied after every job) is
+    mounted read-only: the root and /dev, tmpfs of bwrap's own, included. No job can change a
+    device node's mode or times (the host's own, were it bound from /dev), and nothing one
+    student writes anywhere reaches the next student graded by the same warm worker."""
+    if sandbox.isolation() != "bubblewrap":
+        pytest.skip("the read-only file system comes with bubblewrap")
+    host_null = os.stat("/dev/null")
+    names = ["written", "changed", "writable"]
+    with sandbox.Session(LIMITS) as box:
+        planted = box.run({"prelude": "", "answer": PLANT_EVERYWHERE, "variables": names})
+        box.begin()  # the next student, in the same warm worker
+        probe = box.run({"prelude": "", "answer": FIND_PLANTED, "variables": ["found"]})
+    values = next(m["variables"] for m in planted.messages if "variables" in m)
+    assert values["written"] == ["/tmp", "/dev/shm", "/tmp"], values  # the last: HOME is /tmp
+    assert values["changed"] == [], values
+    # procfs (its files are per process) and devpts (a pty lives as long as its holder)
+    assert values["writable"] == ["/dev/pts", "/dev/shm", "/proc", "/tmp"], values
+    assert {"variables": {"found": []}} in probe.messages, probe
+    now = os.stat("/dev/null")
+    assert (now.st_mode, now.st_mtime) == (host_null.st_mode, host_null.st_mtime)
