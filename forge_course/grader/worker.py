@@ -268,10 +268,19 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _run_job(job: dict, write_fd: int) -> None:
+def _run_job(job: dict, write_fd: int, own_pid_namespace: bool) -> None:
     """In the child: the set-up cell, the learner's cell, then the observations."""
+    import torch
+
     from forge_course.grader.codec import to_plain
+    from forge_course.observe import common
     from forge_course.observe.common import Mistake
+
+    # Alone in its process-id namespace, the job can count the threads and processes started
+    # while a check watches how the answer runs (`common.alone`). Autograd starts its device
+    # threads at its first backward: that happens here, before any check counts.
+    common.COUNT_TASKS = own_pid_namespace
+    torch.ones((), requires_grad=True).backward()
 
     # Everything the channel needs, bound before learner code runs: the module's names are
     # within its reach (it may rebind ``worker.json``), these locals are not.
@@ -367,7 +376,15 @@ def _run_job(job: dict, write_fd: int) -> None:
     send({"done": True})
 
 
-def _child(job: dict, write_fd: int, print_fd: int, reply_fd: int, limits: dict, workdir: str):
+def _child(
+    job: dict,
+    write_fd: int,
+    print_fd: int,
+    reply_fd: int,
+    limits: dict,
+    workdir: str,
+    own_pid_namespace: bool,
+):
     """The forked child: limits on, every route to the server closed, then the job."""
     code = 0
     try:
@@ -388,7 +405,7 @@ def _child(job: dict, write_fd: int, print_fd: int, reply_fd: int, limits: dict,
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
         _cap_gpu_memory(limits.get("gpu_memory_mb", 0))
         os.chdir(workdir)
-        _run_job(job, write_fd)
+        _run_job(job, write_fd, own_pid_namespace)
     except BaseException:  # noqa: BLE001  (whatever happens, never return into the server)
         code = 1
     finally:
@@ -411,10 +428,9 @@ def _cap_gpu_memory(megabytes: int) -> None:
     torch.cuda._lazy_call(cap)
 
 
-def _reap(pid: int, read_fd: int, print_fd: int, watch: Watch) -> tuple[str, int, str]:
+def _reap(pid: int, channel: _Drain, printed: _Drain, watch: Watch) -> tuple[str, int, str]:
     """Wait for the child, kill what it left behind, and return its channel's text, exit code
     and the limit it went over ("" when none)."""
-    channel, printed = _Drain(read_fd, keep=True), _Drain(print_fd, keep=False)
 
     def flooded() -> str:
         return channel.over("sent to the grader") or printed.over("printed to stdout and stderr")
@@ -674,15 +690,18 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
         read_fd, write_fd = os.pipe()
         print_read, print_write = os.pipe()
         watch.cpu_spent = float(job.get("cpu_spent", 0.0))
+        # Started before the fork: while the job runs, only its own processes start any (what
+        # `observe.common.alone` counts in this process-id namespace).
+        channel, printed = _Drain(read_fd, keep=True), _Drain(print_read, keep=False)
         pid = os.fork()
         if pid == 0:
             os.close(read_fd)
             os.close(print_read)
             watch.watchable()
-            _child(job, write_fd, print_write, reply.fileno(), limits, workdir)
+            _child(job, write_fd, print_write, reply.fileno(), limits, workdir, own_pid_namespace)
         os.close(write_fd)
         os.close(print_write)
-        output, code, over = _reap(pid, read_fd, print_read, watch)
+        output, code, over = _reap(pid, channel, printed, watch)
         for folder in folders:
             _clear(folder, modes[folder])
         # What could not be cleared (folders nested past the longest path, say) ends this

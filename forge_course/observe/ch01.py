@@ -18,7 +18,7 @@ from torch.overrides import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from forge_course.observe.common import Mistake, call_answer
+from forge_course.observe.common import Mistake, alone, call_answer
 
 GRAPH_WALK_ID = "ch01_graph_walk"
 LOGSUMEXP_ID = "ch01_logsumexp"
@@ -32,7 +32,8 @@ def _attempt(grade_id: str, name: str, fn, *args, case: str):
     and the notebook's tripwire are `Mistake` s of their own, and stay so.
     """
     try:
-        return call_answer(grade_id, name, fn, *args, case=case), None
+        with alone(grade_id):  # the checks here watch how it runs, in this thread alone
+            return call_answer(grade_id, name, fn, *args, case=case), None
     except Mistake as err:
         cause = err.__cause__
         if cause is None or isinstance(cause, (MemoryError, OSError)):

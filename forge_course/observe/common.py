@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 
@@ -33,6 +33,36 @@ class Tampered(Mistake):
 
 # What an observer reports where it found its instrument changed by the answer.
 INSTRUMENT_TAMPERED = "changed by the answer: the check's instrument is not where it put it"
+# Whether `alone` counts: set by a grading worker alone in its process-id namespace, before
+# the answer runs (a change by the answer is found as tampering).
+COUNT_TASKS = False
+LAST_TASK = "/proc/sys/kernel/ns_last_pid"  # the namespace's last process or thread id
+
+
+def _last_task() -> str | None:
+    if not COUNT_TASKS:
+        return None
+    with open(LAST_TASK) as f:
+        return f.read()
+
+
+@contextmanager
+def alone(grade_id: str):
+    """The body calls the answer under instruments that watch how it runs (torch's modes,
+    saved-tensor hooks, grad mode): each is this thread's own, so work the answer hands to a
+    thread or process of its own would run unseen. In a grading worker, any thread or process
+    started while the body runs, however it was made, is a `Mistake`: the kernel's count of
+    process ids in the worker's namespace, which the job cannot write, says so."""
+    before = _last_task()
+    yield
+    if before is not None and _last_task() != before:
+        raise Mistake(
+            grade_id,
+            "your code started a thread or a process while the check watched how it ran: the "
+            "check cannot see into those, so it cannot grade the answer. Do the work in the "
+            "calling thread.",
+        )
+
 
 _guard: Callable[[Callable], AbstractContextManager] = lambda fn: nullcontext()
 _translate: Callable[[BaseException], str | None] = lambda err: None
