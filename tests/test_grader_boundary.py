@@ -161,6 +161,10 @@ ATTACKS = {
         "        open(f'/tmp/b{i}', 'wb').write(b'x' * (8 << 20))\n"
         "    except OSError:\n        pass\ngot = 0.0")},
         {TRAIN_TEST: "resource limit"}),
+    # A cell the parser gives up on: that cell is refused, the others graded, the run goes on.
+    "deep_source": ({TRAIN: "got = a" + "[0]" * 45000 + "\n"}, {TRAIN_TEST: "malformed"}),
+    "deep_question": ({QUESTIONS: "f" + "()" * 60000 + "\n"},
+        dict.fromkeys(["ch04_q_grad_multiple", "ch04_q_softmax"], "malformed")),
     # Text that would break a writer: it is stored, bounded and valid.
     "surrogate_message": ({TRAIN: _answer_with(
         "raise ValueError('\\ud800' * 10 + '=1+1' * 10**6)")},

@@ -170,7 +170,10 @@ class _Job:
         exercise = self.exercise
         if self.answer is None:
             return self.result("missing", f"The answer cell {exercise.grade_id} is missing.")
-        reasons = tamper.findings(self.answer)
+        try:
+            reasons = tamper.findings(self.answer)
+        except tamper.Unreadable as why:
+            return self.result("malformed", f"Not graded: {why}.")
         if reasons:
             return self.result("tampered", "Not graded: your answer " + "; ".join(reasons))
         cases = exercise.cases(False) + exercise.cases(True)
@@ -249,7 +252,10 @@ def _question_values(assignment, answer, names, box, seed) -> tuple[str, str, di
     """(status, message, plain values) of one question cell, run after the set-up cell."""
     if answer is None:
         return "missing", "The answer cell of these questions is missing.", {}
-    reasons = tamper.findings(answer)
+    try:
+        reasons = tamper.findings(answer)
+    except tamper.Unreadable as why:
+        return "malformed", f"Not graded: {why}.", {}
     if reasons:
         return "tampered", "Not graded: your answer " + "; ".join(reasons), {}
     prelude = assignment.question_prelude or assignment.prelude
