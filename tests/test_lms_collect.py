@@ -69,7 +69,7 @@ def test_ids_keep_to_the_graders_rule():
 
 
 def test_names_that_would_share_an_id_are_never_filed_over_each_other(caplog):
-    """ "José Núñez", "Jose Nunez" and "JOSE NUNEZ" are three students whose plain id is one: the
+    """Three students, "José Núñez", "Jose Nunez" and "JOSE NUNEZ", whose plain id is one: the
     first collected keeps it, and each other is refused with an error naming both."""
     config = PyFileConfigLoader("nbgrader_config.py", str(REPO / "autograder")).load_config()
     plugin = LmsCollector(config=config)
