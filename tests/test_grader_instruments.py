@@ -630,6 +630,13 @@ IN_A_PROCESS = """    read, write = os.pipe()
         getattr(os, "_ex" + "it")(0)
     os.close(write)
     out.append(json.loads(os.read(read, 1 << 20)))"""
+IN_A_WAITING_THREAD = """    out.append(_pool.submit(_autograd, W, b, x, t, lr).result())"""
+POOL = """
+from concurrent.futures import ThreadPoolExecutor
+
+_pool = ThreadPoolExecutor(1)  # its thread started now, before the check watches
+_pool.submit(int).result()
+"""
 LOGSUMEXP_IN_A_THREAD = """import threading
 import torch
 
@@ -651,9 +658,11 @@ class LogSumExp(torch.autograd.Function):
 """
 ELSEWHERE = {
     "ch04_one_training_step": {
-        f"ch04_{name}": ({"ch04_hand_step": HAND_STEP_IN.format(body)}, "ch04_hand_step_tests")
-        for name, body in [("thread", IN_A_THREAD), ("raw_thread", IN_A_RAW_THREAD),
-                           ("process", IN_A_PROCESS)]
+        f"ch04_{name}": ({"ch04_hand_step": HAND_STEP_IN.format(body) + extra},
+                         "ch04_hand_step_tests")
+        for name, body, extra in [("thread", IN_A_THREAD, ""), ("raw_thread", IN_A_RAW_THREAD, ""),
+                                  ("process", IN_A_PROCESS, ""),
+                                  ("waiting_thread", IN_A_WAITING_THREAD, POOL)]
     },
     "ch01_autograd_tape": {
         "ch01_thread": ({"ch01_logsumexp": LOGSUMEXP_IN_A_THREAD}, "ch01_logsumexp_tests"),
@@ -664,8 +673,9 @@ ELSEWHERE = {
 @pytest.mark.skipif(UNSAFE, reason="the count of threads and processes needs bubblewrap")
 @pytest.mark.parametrize("chapter", ELSEWHERE)
 def test_work_done_in_another_thread_or_process_is_seen_and_scores_zero(tmp_path, chapter):
-    """While a check watches how the answer runs, any thread or process the answer starts,
-    however it starts it, makes that exercise wrong with a message that says why."""
+    """Where a check watches how the answer runs, any thread or process the answer started,
+    however it started it, and whether in the call or before it to wait for work, makes that
+    exercise wrong with a message that says why."""
     attacks = ELSEWHERE[chapter]
     graded = _grade_class(tmp_path, chapter, {k: answers for k, (answers, _) in attacks.items()})
     expected = {student: {test: "wrong"} for student, (_, test) in attacks.items()}

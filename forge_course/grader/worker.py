@@ -276,11 +276,14 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool) -> None:
     from forge_course.observe import common
     from forge_course.observe.common import Mistake
 
-    # Alone in its process-id namespace, the job can count the threads and processes started
-    # while a check watches how the answer runs (`common.alone`). Autograd starts its device
-    # threads at its first backward: that happens here, before any check counts.
-    common.COUNT_TASKS = own_pid_namespace
+    # Alone in its process-id namespace, the job can count the threads and processes the answer
+    # starts (`common.alone`), once what torch starts on its own is running: autograd's device
+    # threads (at its first backward) and CUDA's (with a context on each GPU the cases use).
     torch.ones((), requires_grad=True).backward()
+    for case in job.get("cases", []):
+        device = case.get("device") if isinstance(case, dict) else None
+        if isinstance(device, str) and device.startswith("cuda"):
+            torch.empty(1, device=device)
 
     # Everything the channel needs, bound before learner code runs: the module's names are
     # within its reach (it may rebind ``worker.json``), these locals are not.
@@ -330,6 +333,7 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool) -> None:
     except BaseException as err:  # noqa: BLE001
         write_now(json.dumps({"setup_error": f"{type(err).__name__}: {err}"}) + "\n")
         return
+    common.TASKS_BEFORE_ANSWER = common.last_task() if own_pid_namespace else None
     watched = snapshot()
     _install_audit_hook(write_now)
 

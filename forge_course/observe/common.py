@@ -33,16 +33,14 @@ class Tampered(Mistake):
 
 # What an observer reports where it found its instrument changed by the answer.
 INSTRUMENT_TAMPERED = "changed by the answer: the check's instrument is not where it put it"
-# Whether `alone` counts: set by a grading worker alone in its process-id namespace, before
-# the answer runs (a change by the answer is found as tampering).
-COUNT_TASKS = False
-LAST_TASK = "/proc/sys/kernel/ns_last_pid"  # the namespace's last process or thread id
+# The namespace's last process id when the answer began to run, set by a grading worker alone
+# in its process-id namespace (None elsewhere); a change by the answer is found as tampering.
+TASKS_BEFORE_ANSWER: str | None = None
 
 
-def _last_task() -> str | None:
-    if not COUNT_TASKS:
-        return None
-    with open(LAST_TASK) as f:
+def last_task() -> str:
+    """The last process or thread id the kernel gave out in this process-id namespace."""
+    with open("/proc/sys/kernel/ns_last_pid") as f:
         return f.read()
 
 
@@ -51,15 +49,15 @@ def alone(grade_id: str):
     """The body calls the answer under instruments that watch how it runs (torch's modes,
     saved-tensor hooks, grad mode): each is this thread's own, so work the answer hands to a
     thread or process of its own would run unseen. In a grading worker, any thread or process
-    started while the body runs, however it was made, is a `Mistake`: the kernel's count of
-    process ids in the worker's namespace, which the job cannot write, says so."""
-    before = _last_task()
+    started since the answer began, however it was made (in the body, or before it to wait
+    for work), is a `Mistake`: the kernel's count of process ids in the worker's namespace,
+    which the job cannot write, says so."""
     yield
-    if before is not None and _last_task() != before:
+    if TASKS_BEFORE_ANSWER is not None and last_task() != TASKS_BEFORE_ANSWER:
         raise Mistake(
             grade_id,
-            "your code started a thread or a process while the check watched how it ran: the "
-            "check cannot see into those, so it cannot grade the answer. Do the work in the "
+            "your code started a thread or a process, and the check watches how your answer "
+            "runs: it cannot see into those, so it cannot grade the answer. Do the work in the "
             "calling thread.",
         )
 
