@@ -256,3 +256,101 @@ def test_a_worker_that_ended_between_submissions_is_replaced_not_blamed():
         outcome = box.run({"prelude": "", "answer": "x = 2", "variables": ["x"]})
     assert outcome.status == "finished", outcome
     assert {"variables": {"x": 2}} in outcome.messages
+
+
+FLOOD = (  # 256 MB without a newline, to stdout, stderr or every pipe the job holds (its channel)
+    "import os\nchunk = b'x' * (1 << 20)\n"
+    "for _ in range(256):\n"
+    "    for fd in {fds}:\n"
+    "        try:\n            os.write(fd, chunk)\n"
+    "        except OSError:\n            pass\n"
+)
+
+
+@pytest.mark.parametrize("fds", ["(1,)", "(2,)", "range(3, 20)"])
+def test_a_flood_of_output_is_the_submissions_limit_not_the_graders_memory(fds):
+    """Whatever a job writes, printed or sent down its channel, the grader reads in bounded
+    chunks and keeps a bounded amount: a flood ends that exercise as over a limit, and the
+    grader's own memory does not grow with it."""
+    from resource import RUSAGE_SELF, getrusage
+
+    before = getrusage(RUSAGE_SELF).ru_maxrss / 1024  # MB
+    with sandbox.Session(LIMITS) as box:
+        flooded = box.run({"prelude": "", "answer": FLOOD.format(fds=fds), "variables": []})
+        after = box.run({"prelude": "", "answer": "x = 1", "variables": ["x"]})
+    grew = getrusage(RUSAGE_SELF).ru_maxrss / 1024 - before
+    assert flooded.status == "resource limit" and flooded.detail.startswith("output:"), flooded
+    assert after.status == "finished" and {"variables": {"x": 1}} in after.messages, after
+    assert grew < 64, f"the grader's peak memory grew by {grew:.0f} MB"
+
+
+def test_the_grader_never_holds_a_line_longer_than_its_limit(monkeypatch):
+    """The reply pipe is read in chunks: an over-long line is dropped as it arrives and named,
+    and the lines after it are read as usual."""
+    import queue
+
+    monkeypatch.setattr(sandbox, "MAX_LINE", 1000)
+    read, write = os.pipe()
+    with os.fdopen(read, "rb") as pipe:
+        lines = queue.Queue()
+        os.write(write, b"first\n" + b"y" * 5000 + b"\nlast\n")
+        os.close(write)
+        sandbox._read_lines(pipe, lines)
+    assert [lines.get() for _ in range(4)] == ["first", sandbox.TOO_LONG, "last", None]
+
+
+SPOTS = ("/", "/etc", "/opt", "/opt/forge", "/usr", "/dev", "/dev/pts", "/sys", "/run", "/var",
+         "/home", "/tmp", "/dev/shm")  # fmt: skip
+PLANT_EVERYWHERE = f"""import os, stat, sys
+spots = {SPOTS!r} + (os.path.dirname(os.__file__), sys.prefix, os.path.expanduser('~'))
+written = []
+for spot in spots:
+    try:
+        with open(os.path.join(spot, 'forge-planted'), 'w') as f:
+            f.write('42')
+        written.append(spot)
+    except OSError:
+        pass
+changed = []  # each change sets what is there already: one allowed would change nothing
+for node in ('/dev/null', '/dev/zero', '/dev/urandom'):
+    now = os.stat(node)
+    for change in (lambda: os.chmod(node, now.st_mode & 0o7777),
+                   lambda: os.utime(node, ns=(now.st_atime_ns, now.st_mtime_ns))):
+        try:
+            change()
+            changed.append(node)
+        except OSError:
+            pass
+with open('/dev/null', 'w') as f:
+    f.write('a device still works')
+mounts = [line.split() for line in open('/proc/self/mountinfo')]
+folders = [m[4] for m in mounts if not stat.S_ISCHR(os.stat(m[4]).st_mode)]
+writable = sorted(m[4] for m in mounts if m[4] in folders and 'rw' in m[5].split(','))
+"""
+FIND_PLANTED = f"""import os, sys
+spots = {SPOTS!r} + (os.path.dirname(os.__file__), sys.prefix, os.path.expanduser('~'))
+found = [spot for spot in spots if os.path.exists(os.path.join(spot, 'forge-planted'))]
+"""
+
+
+def test_a_job_writes_nowhere_but_its_scratch_and_the_next_student_finds_nothing():
+    """Everything in the sandbox but /tmp and /dev/shm (watched, emptied after every job) is
+    mounted read-only: the root and /dev, tmpfs of bwrap's own, included. No job can change a
+    device node's mode or times (the host's own, were it bound from /dev), and nothing one
+    student writes anywhere reaches the next student graded by the same warm worker."""
+    if sandbox.isolation() != "bubblewrap":
+        pytest.skip("the read-only file system comes with bubblewrap")
+    host_null = os.stat("/dev/null")
+    names = ["written", "changed", "writable"]
+    with sandbox.Session(LIMITS) as box:
+        planted = box.run({"prelude": "", "answer": PLANT_EVERYWHERE, "variables": names})
+        box.begin()  # the next student, in the same warm worker
+        probe = box.run({"prelude": "", "answer": FIND_PLANTED, "variables": ["found"]})
+    values = next(m["variables"] for m in planted.messages if "variables" in m)
+    assert values["written"] == ["/tmp", "/dev/shm", "/tmp"], values  # the last: HOME is /tmp
+    assert values["changed"] == [], values
+    # procfs (its files are per process) and devpts (a pty lives as long as its holder)
+    assert values["writable"] == ["/dev/pts", "/dev/shm", "/proc", "/tmp"], values
+    assert {"variables": {"found": []}} in probe.messages, probe
+    now = os.stat("/dev/null")
+    assert (now.st_mode, now.st_mtime) == (host_null.st_mode, host_null.st_mtime)

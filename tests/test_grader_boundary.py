@@ -161,6 +161,10 @@ ATTACKS = {
         "        open(f'/tmp/b{i}', 'wb').write(b'x' * (8 << 20))\n"
         "    except OSError:\n        pass\ngot = 0.0")},
         {TRAIN_TEST: "resource limit"}),
+    # A cell the parser gives up on: that cell is refused, the others graded, the run goes on.
+    "deep_source": ({TRAIN: "got = a" + "[0]" * 45000 + "\n"}, {TRAIN_TEST: "malformed"}),
+    "deep_question": ({QUESTIONS: "f" + "()" * 60000 + "\n"},
+        dict.fromkeys(["ch04_q_grad_multiple", "ch04_q_softmax"], "malformed")),
     # Text that would break a writer: it is stored, bounded and valid.
     "surrogate_message": ({TRAIN: _answer_with(
         "raise ValueError('\\ud800' * 10 + '=1+1' * 10**6)")},
@@ -362,7 +366,8 @@ def test_one_student_leaves_nothing_for_the_next(tmp_path):
         pytest.skip("without bubblewrap every submission gets a fresh worker")
     solved = _solved(HAND)
     submitted = tmp_path / "submitted"
-    submit(submitted, "a_planter", {HAND: PLANT + solved})
+    # (in train_step's cell: hand_step's check refuses an answer that starts a process)
+    submit(submitted, "a_planter", {TRAIN: PLANT + _solved(TRAIN)})
     submit(submitted, "b_probe", {HAND: PROBE + solved, TRAIN: PROBE + _solved(TRAIN)})
     submit(submitted, "c_locker", {HAND: LOCK + solved})
     submit(submitted, "d_probe", {HAND: PROBE + solved})
@@ -371,8 +376,8 @@ def test_one_student_leaves_nothing_for_the_next(tmp_path):
     # One job at a time: one warm worker grades them in this order.
     outcomes = run.grade([CH], submitted=submitted, grading=tmp_path / "grading", jobs=1,
                          limits=LIMITS, progress=False, seed=1234)  # fmt: skip
-    for planter in ("a_planter", "e_nester"):  # each planted all it meant to
-        assert outcomes[(planter, CH)][HAND_TEST]["status"] == "graded"
+    for planter, test in [("a_planter", TRAIN_TEST), ("e_nester", HAND_TEST)]:
+        assert outcomes[(planter, CH)][test]["status"] == "graded"  # it planted all it meant to
     for probe in ("b_probe", "d_probe", "f_probe"):
         results = outcomes[(probe, CH)]
         assert all(r["status"] == "graded" for r in results.values()), results

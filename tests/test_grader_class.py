@@ -289,3 +289,26 @@ def test_a_class_of_40_killed_and_restarted_loses_and_repeats_nothing(grading):
 
 def _verdicts(results: dict) -> dict:
     return {test: (r["status"], r["points"]) for test, r in results.items()}
+
+
+def test_two_folders_that_would_share_an_id_are_both_refused_by_name(grading):
+    """A folder never replaces another's grades: two names equal after Unicode normalisation
+    (the Kelvin sign), or a folder named like another's hashed id, are refused, each message
+    naming both folders; the other students are graded as usual."""
+    import hashlib
+
+    submitted = grading.parent / "class"
+    greek = "\u03a3\u03c9\u03ba\u03c1\u03ac\u03c4\u03b7\u03c2"
+    hashed = "student-" + hashlib.sha256(greek.encode()).hexdigest()[:16]
+    blank = {TRAIN: WRONG_STEP}
+    for student, answers in [("Kate", {}), ("\u212aate", blank), (greek, {}), (hashed, blank),
+                             ("solo", {})]:  # fmt: skip
+        submit(submitted, student, answers)
+    outcomes = run.grade([CH], submitted=submitted, limits=LIMITS, progress=False, unsafe=True)
+    assert sorted(s for s, _ in outcomes) == sorted(["Kate", hashed, "solo"])
+    named = {"Kate": ["'Kate'", "'\\u212aate'"], hashed: [ascii(greek), repr(hashed)]}
+    for sid, names in named.items():
+        for r in outcomes[(sid, CH)].values():
+            assert r["status"] == "malformed" and r["points"] == 0, r
+            assert all(name in r["message"] for name in names), r["message"]
+    assert all(r["status"] == "graded" for r in outcomes[("solo", CH)].values())

@@ -593,3 +593,92 @@ def test_forged_lines_left_settings_and_hidden_recomputation_score_zero(graded_c
         if words not in message:
             problems.append(f"{student}: {test}'s message does not say why: {message[:300]}")
     assert not problems, "\n".join(problems)
+
+
+# Work handed to another thread or process, where the check's instruments (torch's modes,
+# saved-tensor hooks and grad mode, each the calling thread's own) do not reach: autograd in a
+# "by hand" step, torch.logsumexp in a hand-written LogSumExp.
+HAND_STEP_IN = """import threading, _thread, os, json, time
+import torch
+
+@torch.enable_grad()  # a forked process keeps the check's no_grad and hooks: not a thread
+def _autograd(W, b, x, t, lr):
+    Wt = torch.tensor(W, dtype=torch.float64, requires_grad=True)
+    bt = torch.tensor(b, dtype=torch.float64, requires_grad=True)
+    y = Wt @ torch.tensor(x, dtype=torch.float64) + bt
+    y.retain_grad()
+    loss = ((y - torch.tensor(t, dtype=torch.float64)) ** 2).mean()
+    loss.backward()
+    return dict(y=y.tolist(), loss=loss.item(), dL_dy=y.grad.tolist(), dL_dW=Wt.grad.tolist(),
+                dL_db=bt.grad.tolist(), W_new=(Wt - lr * Wt.grad).tolist(),
+                b_new=(bt - lr * bt.grad).tolist())
+
+def hand_step(W, b, x, t, lr):
+    out = []
+{}
+    return out[0]
+"""
+IN_A_THREAD = """    th = threading.Thread(target=lambda: out.append(_autograd(W, b, x, t, lr)))
+    th.start()
+    th.join()"""
+IN_A_RAW_THREAD = """    _thread.start_new_thread(lambda: out.append(_autograd(W, b, x, t, lr)), ())
+    while not out:
+        time.sleep(0.001)"""
+IN_A_PROCESS = """    read, write = os.pipe()
+    if getattr(os, "fo" + "rk")() == 0:  # past the static scan
+        os.write(write, json.dumps(_autograd(W, b, x, t, lr)).encode())
+        getattr(os, "_ex" + "it")(0)
+    os.close(write)
+    out.append(json.loads(os.read(read, 1 << 20)))"""
+IN_A_WAITING_THREAD = """    out.append(_pool.submit(_autograd, W, b, x, t, lr).result())"""
+POOL = """
+from concurrent.futures import ThreadPoolExecutor
+
+_pool = ThreadPoolExecutor(1)  # its thread started now, before the check watches
+_pool.submit(int).result()
+"""
+LOGSUMEXP_IN_A_THREAD = """import threading
+import torch
+
+class LogSumExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        out = []
+        t = threading.Thread(target=lambda: out.append(torch.logsumexp(x.detach(), dim)))
+        t.start()
+        t.join()
+        ctx.save_for_backward(x.detach())
+        ctx.dim = dim
+        return out[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return torch.softmax(x, dim=ctx.dim) * grad_output.unsqueeze(ctx.dim), None
+"""
+ELSEWHERE = {
+    "ch04_one_training_step": {
+        f"ch04_{name}": ({"ch04_hand_step": HAND_STEP_IN.format(body) + extra},
+                         "ch04_hand_step_tests")
+        for name, body, extra in [("thread", IN_A_THREAD, ""), ("raw_thread", IN_A_RAW_THREAD, ""),
+                                  ("process", IN_A_PROCESS, ""),
+                                  ("waiting_thread", IN_A_WAITING_THREAD, POOL)]
+    },
+    "ch01_autograd_tape": {
+        "ch01_thread": ({"ch01_logsumexp": LOGSUMEXP_IN_A_THREAD}, "ch01_logsumexp_tests"),
+    },
+}  # fmt: skip
+
+
+@pytest.mark.skipif(UNSAFE, reason="the count of threads and processes needs bubblewrap")
+@pytest.mark.parametrize("chapter", ELSEWHERE)
+def test_work_done_in_another_thread_or_process_is_seen_and_scores_zero(tmp_path, chapter):
+    """Where a check watches how the answer runs, any thread or process the answer started,
+    however it started it, and whether in the call or before it to wait for work, makes that
+    exercise wrong with a message that says why."""
+    attacks = ELSEWHERE[chapter]
+    graded = _grade_class(tmp_path, chapter, {k: answers for k, (answers, _) in attacks.items()})
+    expected = {student: {test: "wrong"} for student, (_, test) in attacks.items()}
+    assert not _problems(graded, chapter, expected), _problems(graded, chapter, expected)
+    for student, (_, test) in attacks.items():
+        assert "started a thread or a process" in graded[(student, chapter)][test]["message"]

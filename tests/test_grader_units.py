@@ -148,3 +148,11 @@ def test_the_runs_devices_reach_the_workers_and_not_the_grader(monkeypatch, devi
     assert dict(os.environ) == before
     expected = {"auto": ("", "1"), "cpu": ("cpu", ""), "cuda": ("cuda", "1")}[device]
     assert (env.get("FORGE_DEVICE", ""), env["CUDA_VISIBLE_DEVICES"]) == expected
+
+
+@pytest.mark.parametrize("source", ["a" + "[0]" * 45000, "f" + "()" * 100000, "-" * 10**6 + "1"])
+def test_a_cell_the_parser_gives_up_on_is_named_unreadable_not_a_crash(source):
+    """Nesting past the parser's depth or memory: one reason, never RecursionError or
+    MemoryError, which would make the whole submission a grader error."""
+    with pytest.raises(tamper.Unreadable, match="Python cannot read this cell"):
+        tamper.findings(source)

@@ -66,3 +66,20 @@ def test_ids_keep_to_the_graders_rule():
     assert plain_id("Ann-Marie O'Neil") == "ann-marie.o.neil"
     assert plain_id("王伟") == "王伟"  # no Latin letter: kept, and hashed by the grader
     assert notebook_name("other.ipynb", [NB]) == "other.ipynb"
+
+
+def test_names_that_would_share_an_id_are_never_filed_over_each_other(caplog):
+    """Three students, "José Núñez", "Jose Nunez" and "JOSE NUNEZ", whose plain id is one: the
+    first collected keeps it, and each other is refused with an error naming both."""
+    config = PyFileConfigLoader("nbgrader_config.py", str(REPO / "autograder")).load_config()
+    plugin = LmsCollector(config=config)
+    plugin._released = lambda: [NB]
+    plugin._inside_download = lambda path: path
+    paths = [f"moodle/{name}_1234567_assignsubmission_file/{NB}"
+             for name in ("José Núñez", "José Núñez", "Jose Nunez", "JOSE NUNEZ")]  # fmt: skip
+    collected = [plugin.collect(path) for path in paths]
+    assert [c and c["student_id"] for c in collected] == ["jose.nunez", "jose.nunez", None, None]
+    refusals = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(refusals) == 2
+    for refusal, other in zip(refusals, ("Jose Nunez", "JOSE NUNEZ")):
+        assert "'José Núñez'" in refusal and repr(other) in refusal and "jose.nunez" in refusal

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from forge_course.grader import assignment as assignments
 from forge_course.grader import sandbox
-from forge_course.grader.submission import as_dict, grade_notebook
+from forge_course.grader.submission import MAX_NOTEBOOK_BYTES, as_dict, grade_notebook
 
 INSTALL = "pip install 'forge-course[cluster]'"
 
@@ -74,7 +74,10 @@ class Cluster:
 
     def grade(self, assignment: assignments.Assignment, path: Path | None, seed: int) -> dict:
         source = (self.source_root / assignment.id / f"{assignment.id}.ipynb").read_text("utf-8")
-        notebook = path.read_bytes() if path is not None else None
+        notebook = None
+        if path is not None:  # one byte over the bound is enough for the worker to refuse it
+            with path.open("rb") as f:
+                notebook = f.read(MAX_NOTEBOOK_BYTES + 1)
         future = self.client.submit(
             grade_remotely, assignment.id, source, notebook, self.settings, pure=False
         )

@@ -11,7 +11,9 @@ it found usable by the tools downstream:
 
 * the student id keeps to the grader's rule (letters, digits, ``.``, ``_``, ``-``): a name such as
   Moodle's "José Núñez" becomes ``jose.nunez``, so nbgrader and ``forge-course grade`` file the
-  student under the same id;
+  student under the same id. Names that differ only in accents, case or punctuation ("José
+  Núñez", "Jose Nunez", "JOSE NUNEZ") would share that id: the first one collected keeps it,
+  and each other is refused with an error naming both, never filed over the first;
 * the notebook gets its released name back when the LMS or a browser changed it (Canvas's
   ``-1`` for a second upload, "Copy of", " (1)"), or ``nbgrader autograde`` would not find it;
 * Blackboard's time stamp is written as one nbgrader reads.
@@ -61,6 +63,10 @@ class LmsCollector(FileNameCollectorPlugin):
         "optionally timestamp), matched against the whole path of a file inside the download.",
     ).tag(config=True)
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._names: dict[str, str] = {}  # id -> the first name filed under it
+
     def _inside_download(self, submitted_file: str) -> str:
         """The file's path inside the extracted downloads, with ``/`` between folders."""
         path = Path(submitted_file)
@@ -88,8 +94,17 @@ class LmsCollector(FileNameCollectorPlugin):
                 continue
             found = match.groupdict()
             self.log.info("%s: %s is %s's", lms, inside, found["student_id"])
+            student = plain_id(found["student_id"])
+            first = self._names.setdefault(student, found["student_id"])
+            if first != found["student_id"]:
+                self.log.error(
+                    "%r and %r would both be filed as the student %s, one replacing the other: "
+                    "%s is not collected. Rename one of them in the download and collect again.",
+                    first, found["student_id"], student, inside,
+                )  # fmt: skip
+                return None
             info = {
-                "student_id": plain_id(found["student_id"]),
+                "student_id": student,
                 "file_id": notebook_name(found["file_id"], self._released()),
             }
             if found.get("timestamp"):

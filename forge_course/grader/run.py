@@ -308,11 +308,15 @@ def _grade_class(work, course_root, grading, graders, seed, jobs, force, progres
     ledger = Ledger(grading / "forge")
     ids = {name: student_id(name) for name in {w[0] for w in work}}
     _write_id_map(grading, ids)
+    shared = _shared_ids(ids)
+    work = list({(ids[w[0]], w[1]): w for w in sorted(work)}.values())  # one per id: `shared`
 
     def one(name: str, assignment_id: str, folder: Path) -> tuple[str, str, dict, Path | None]:
         student = ids[name]
         path, key = None, None
         try:
+            if student in shared:
+                raise _Refused(shared[student])
             if folder.is_symlink() or folder.parent.is_symlink():
                 raise _Refused("the submission folder is a symbolic link")
             path = assignments.find_notebook(folder, assignment_id)
@@ -412,6 +416,22 @@ def _what_failed(err: BaseException) -> str:
     frame = traceback.extract_tb(err.__traceback__)[-1:] if err.__traceback__ else []
     where = f" in {Path(frame[0].filename).name}:{frame[0].lineno}" if frame else ""
     return clean_text(f"{type(err).__name__}{where}: {err}", 500)
+
+
+def _shared_ids(ids: dict[str, str]) -> dict[str, str]:
+    """Why each id that several folders would be graded under is refused: two names equal after
+    Unicode normalisation ("\u212aate" and "Kate"), or a folder named like another's hashed id.
+    Graded, the later would replace the earlier; refused, the instructor renames one."""
+    names: dict[str, list[str]] = {}
+    for name, sid in ids.items():
+        names.setdefault(sid, []).append(name)
+    return {
+        sid: "the folders "
+        + " and ".join(clean_text(ascii(n), 100) for n in sorted(found))
+        + f" would all be graded as the student {sid}, one replacing the other: rename all but one"
+        for sid, found in names.items()
+        if len(found) > 1
+    }
 
 
 def _write_id_map(grading: Path, ids: dict[str, str]) -> None:

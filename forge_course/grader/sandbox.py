@@ -9,11 +9,13 @@ Layers:
 
 1. ``bwrap`` (bubblewrap), required unless the instructor says ``--unsafe``: a file system made
    of an allow-list (the system's libraries, the interpreter, its site-packages and the staged
-   modules, all read-only; a size-capped ``/tmp`` and ``/dev/shm`` of its own), no network but
-   its own loopback, its own process ids, IPC objects and host name, its own user namespace
-   (``nobody`` inside), no capabilities, even when the grader is root, and a seccomp filter
-   (`seccomp`) that refuses ptrace, mounts, namespaces and keyrings. Whatever a job
-   leaves running is killed and its files removed before the next job.
+   modules; everything read-only, bwrap's own root and /dev included, but a size-capped ``/tmp``
+   and ``/dev/shm`` of its own, emptied after every job; device nodes no job can change:
+   `copy_devices`), no network but its own loopback, its own process ids, IPC objects and
+   host name, its own user namespace (``nobody`` inside), no capabilities, even when the
+   grader is root, and a seccomp filter (`seccomp`) that refuses ptrace, mounts, namespaces
+   and keyrings. Whatever a job leaves running is killed and its files removed before the
+   next job.
 2. A control group per submission where the grader may make one (as root): at most
    ``processes`` processes and threads and ``memory_mb`` of resident memory for everything the
    submission starts, its CPU time accounted, and every process killed when it stops. The
@@ -41,6 +43,7 @@ import os
 import queue
 import shutil
 import signal
+import stat as statmod
 import subprocess
 import sys
 import sysconfig
@@ -51,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge_course.grader import cgroup, seccomp
-from forge_course.grader.worker import Watch
+from forge_course.grader.worker import MAX_OUTPUT, Watch
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # The only parts of forge_course a grading worker can import: none holds an answer (the loop
@@ -62,7 +65,13 @@ WORKER_FILES = (
 )  # fmt: skip
 STAGE_IN_SANDBOX = "/opt/forge"
 NOBODY = 65534
-MAX_LINE = 32 * 2**20  # a reply line longer than this is cut (the worker caps its own output)
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")  # what `bwrap --dev` binds
+# The longest reply a worker writes: a job's output (at most MAX_OUTPUT bytes) spelled as JSON,
+# each byte at most 6 characters (\u0000), and the reply's own fields. A longer line is not read.
+MAX_LINE = 6 * MAX_OUTPUT + 2**20
+TOO_LONG = "a line longer than MAX_LINE"  # what `_read_lines` queues in its place
+MAX_SAID = 64 * 2**10  # the worker's stderr kept, to explain a worker that did not start
+CHUNK = 2**16
 # Each tmpfs holds this much more than the disk limit, so that a job going over the limit is
 # seen and named by the watcher, not only refused by a full disk.
 DISK_SLACK_MB = 16
@@ -171,22 +180,56 @@ def _python_mounts() -> list[str]:
             args += _bind_if_present("--ro-bind", prefix)
     installed = Path(sysconfig.get_paths()["purelib"]) / "forge_course"
     if installed.is_dir() and installed.resolve() != PACKAGE:
-        args += ["--tmpfs", str(installed)]
+        args += ["--tmpfs", str(installed), "--remount-ro", str(installed)]
     return args
 
 
-def _gpu_mounts() -> list[str]:
-    """NVIDIA's device nodes and driver files, where the machine has them (nothing else of /dev)."""
+def _gpu_nodes() -> list[Path]:
+    """NVIDIA's device nodes, where the machine has them."""
+    return sorted(Path("/dev").glob("nvidia*"))
+
+
+def copy_devices(folder: Path) -> Path | None:
+    """Copies of the device nodes a job may use (`DEVICES`, NVIDIA's), owned by nobody outside
+    the sandbox, in ``folder``; None where they cannot be made (not root, or a file system
+    that ignores device nodes). Bound from /dev itself, a node is the host's own inode, and
+    a grader running as root runs its sandbox as the host's root (mapped to "nobody" inside):
+    its jobs own that inode and could change its mode or times for the whole machine. A copy
+    is the same device, whose mode and times no job can change, since no job owns it."""
+    if os.geteuid() != 0 or os.statvfs(folder.parent).f_flag & os.ST_NODEV:
+        return None
+    folder.mkdir()
+    for node in [Path("/dev", name) for name in DEVICES] + _gpu_nodes():
+        kind = os.stat(node)
+        if statmod.S_ISCHR(kind.st_mode):
+            os.mknod(folder / node.name, statmod.S_IFCHR, kind.st_rdev)
+            os.chown(folder / node.name, NOBODY, NOBODY)
+            os.chmod(folder / node.name, 0o666)  # as bwrap's own (mknod's mode obeys the umask)
+    return folder
+
+
+def _device_mounts(copies: Path | None) -> list[str]:
+    """NVIDIA's device nodes and driver files, where the machine has them (nothing else of
+    /dev), and every node bound from its copy in ``copies`` where there is one."""
     args = []
-    for node in sorted(Path("/dev").glob("nvidia*")):
-        args += ["--dev-bind", str(node), str(node)]
-    if args:
+    for node in [Path("/dev", name) for name in DEVICES] + _gpu_nodes():
+        copy = copies / node.name if copies else None
+        if copy is not None and copy.exists():
+            args += ["--dev-bind", str(copy), str(node)]
+        elif node.name not in DEVICES:  # bwrap's --dev binds those itself
+            args += ["--dev-bind", str(node), str(node)]
+    if _gpu_nodes():
         args += _bind_if_present("--ro-bind", "/proc/driver/nvidia")
     return args
 
 
 def _command(
-    stage_dir: Path, mode: str, limits: Limits, capped: bool, seccomp_fd: int | None = None
+    stage_dir: Path,
+    mode: str,
+    limits: Limits,
+    capped: bool,
+    seccomp_fd: int | None = None,
+    devices: Path | None = None,
 ) -> list[str]:
     job_limits = {
         "seconds": limits.seconds,
@@ -200,7 +243,7 @@ def _command(
         "cpu_seconds": limits.cpu_seconds,
         # Address space only where no control group caps resident memory and no GPU is
         # visible: a CUDA context reserves far more address space than it uses.
-        "address_space_mb": 0 if capped or _gpu_mounts() else limits.memory_mb + 2048,
+        "address_space_mb": 0 if capped or _gpu_nodes() else limits.memory_mb + 2048,
         "gpu_memory_mb": limits.memory_mb,  # on each GPU, in the caching allocator
     }
     python = [sys.executable, "-I", "-c", BOOT]
@@ -210,8 +253,11 @@ def _command(
     # /tmp first: the interpreter may live below it (a clone in /tmp), bound over the tmpfs.
     command = ["bwrap", "--size", size, "--tmpfs", "/tmp", *_system_mounts(), *_python_mounts()]
     command += ["--ro-bind", str(stage_dir), STAGE_IN_SANDBOX, "--ro-bind", "/sys", "/sys"]
-    command += ["--proc", "/proc", "--dev", "/dev", *_gpu_mounts()]  # GPU nodes after /dev
+    command += ["--proc", "/proc", "--dev", "/dev", *_device_mounts(devices)]  # nodes after /dev
     command += ["--size", size, "--tmpfs", "/dev/shm", "--chdir", "/tmp"]
+    # Everything but the watched, emptied /tmp and /dev/shm read-only, once all is mounted: the
+    # root and /dev are tmpfs of bwrap's own, which would keep a job's files for the next job.
+    command += ["--remount-ro", "/dev", "--remount-ro", "/"]
     command += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
     # Its own user namespace, as "nobody" inside and with no capability outside it, even when
     # the grader is root (the interpreter may live where only root can read, as under pyenv).
@@ -298,6 +344,9 @@ class Session:
         self.stage_dir = stage_dir or stage(Path(self._own_stage.name))
         self.process: subprocess.Popen | None = None
         self._home = tempfile.TemporaryDirectory(prefix="forge-")
+        self._devices = None
+        if self.mode == "bubblewrap":
+            self._devices = copy_devices(Path(self._home.name) / "dev")
         self._idle = cgroup.make(limits.processes, limits.memory_mb)  # between submissions
         self._groups: list[Path] = []
         self._jobs = 0
@@ -345,23 +394,28 @@ class Session:
         learner's, so it stops the run with what the sandbox said."""
         home = "/tmp" if self.mode == "bubblewrap" else self._home.name
         filter_fd = seccomp.open_program() if self.mode == "bubblewrap" else None
-        command = _command(self.stage_dir, self.mode, self.limits, bool(self._groups), filter_fd)
+        command = _command(self.stage_dir, self.mode, self.limits, bool(self._groups), filter_fd,
+                           self._devices)  # fmt: skip
         try:
             self.process = self._popen(command, home, () if filter_fd is None else (filter_fd,))
         finally:
             if filter_fd is not None:
                 os.close(filter_fd)
         self._lines: queue.Queue[str | None] = queue.Queue()
-        self._errors: list[str] = []
-        threading.Thread(target=self._read, args=(self.process, self._lines), daemon=True).start()
-        threading.Thread(target=self._read_errors, args=(self.process,), daemon=True).start()
+        self._said = bytearray()  # the last `MAX_SAID` bytes of the worker's stderr
+        threading.Thread(
+            target=_read_lines, args=(self.process.stdout, self._lines), daemon=True
+        ).start()
+        threading.Thread(
+            target=_read_tail, args=(self.process.stderr, self._said), daemon=True
+        ).start()
         try:
             ready = self._lines.get(timeout=self.limits.startup_seconds)
         except queue.Empty:
             ready = None
         if not (ready and ready.startswith('{"ready": true}')):
             self._stop()
-            said = "".join(self._errors[-20:]).strip() or "nothing"
+            said = self._said.decode("utf-8", "replace").strip()[-2000:] or "nothing"
             raise SandboxError(f"the grading sandbox did not start ({self.mode}); it said: {said}")
         self._move(self._groups)
 
@@ -375,19 +429,7 @@ class Session:
             env=_environment(home, self.devices),
             preexec_fn=_start_in(self._idle or self._groups),
             pass_fds=fds,
-            text=True,
         )
-
-    @staticmethod
-    def _read(process: subprocess.Popen, lines: queue.Queue) -> None:
-        for line in process.stdout:
-            lines.put(line[:MAX_LINE])
-        lines.put(None)
-
-    def _read_errors(self, process: subprocess.Popen) -> None:
-        for line in process.stderr:  # kept only to explain a worker that did not start
-            if len(self._errors) < 200:
-                self._errors.append(line[:1000])
 
     def _stop(self) -> None:
         if self.process is not None:
@@ -416,9 +458,9 @@ class Session:
         # The CPU time already spent goes with the job: a fresh worker still counts it.
         job = {**job, "id": self._jobs, "cpu_spent": self.peaks.get("cpu_seconds", 0.0)}
         start = time.monotonic()
-        reply, cpu_over = None, False
+        reply, cpu_over, over = None, False, ""
         try:
-            self.process.stdin.write(json.dumps(job) + "\n")
+            self.process.stdin.write(json.dumps(job).encode() + b"\n")
             self.process.stdin.flush()
             while reply is None or reply.get("id") != job["id"]:
                 wait = min(0.5, start + budget - time.monotonic())
@@ -432,6 +474,9 @@ class Session:
                     continue
                 if line is None:
                     break  # the worker itself is gone
+                if line is TOO_LONG:
+                    over = f"output: a reply of more than {MAX_LINE // 2**20} MB"
+                    break
                 reply = _reply(line)
         except (BrokenPipeError, OSError):
             reply = None
@@ -442,8 +487,8 @@ class Session:
         self._tally(peaks, seconds)
         if not answered:
             self._stop()  # whatever it sent before it was stopped proves nothing
-            if cpu_over:
-                return Outcome([], "resource limit", self._cpu_detail(), seconds)
+            if cpu_over or over:
+                return Outcome([], "resource limit", over or self._cpu_detail(), seconds)
             outcome = Outcome([], "timeout", f"stopped after {budget:g} s", seconds)
             if seconds < budget:
                 outcome = Outcome([], "crashed", "the grading worker ended", seconds)
@@ -502,6 +547,33 @@ def _tree(pid: int) -> list[int]:
         found.append(todo.pop())
         todo += parents.get(found[-1], [])
     return found
+
+
+def _read_lines(pipe, lines: queue.Queue) -> None:
+    """Queue each line the worker writes, read in bounded chunks: a line longer than
+    `MAX_LINE` is never held, and `TOO_LONG` is queued in its place. None at the end."""
+    held, too_long = bytearray(), False
+    while chunk := os.read(pipe.fileno(), CHUNK):
+        *complete, rest = chunk.split(b"\n")
+        for part in complete:
+            if too_long or len(held) + len(part) > MAX_LINE:
+                lines.put(TOO_LONG)
+            else:
+                lines.put((held + part).decode("utf-8", "replace"))
+            held, too_long = bytearray(), False
+        too_long = too_long or len(held) + len(rest) > MAX_LINE
+        if too_long:
+            held.clear()
+        else:
+            held += rest
+    lines.put(None)
+
+
+def _read_tail(pipe, tail: bytearray) -> None:
+    """Keep the last `MAX_SAID` bytes of what the worker writes to ``pipe``, read in chunks."""
+    while chunk := os.read(pipe.fileno(), CHUNK):
+        tail += chunk
+        del tail[:-MAX_SAID]
 
 
 def _reply(line: str) -> dict | None:

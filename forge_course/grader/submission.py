@@ -37,7 +37,8 @@ class CellResult:
 
 
 def fingerprint(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    with path.open("rb") as f:  # in chunks: a submitted file may be of any size
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def read_notebook(path: Path) -> dict[str, str]:
@@ -47,10 +48,12 @@ def read_notebook(path: Path) -> dict[str, str]:
     """
     if path.is_symlink():
         raise ValueError("the notebook is a symbolic link, not a file")
-    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+    with path.open("rb") as f:  # never more than the bound, whatever the file grew to
+        data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
         raise ValueError(f"the notebook is larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
     try:
-        nb = json.loads(path.read_bytes())
+        nb = json.loads(data)
     except (ValueError, RecursionError) as err:
         raise ValueError(f"the notebook is not valid JSON ({type(err).__name__})") from None
     cells = nb.get("cells") if isinstance(nb, dict) else None
@@ -167,7 +170,10 @@ class _Job:
         exercise = self.exercise
         if self.answer is None:
             return self.result("missing", f"The answer cell {exercise.grade_id} is missing.")
-        reasons = tamper.findings(self.answer)
+        try:
+            reasons = tamper.findings(self.answer)
+        except tamper.Unreadable as why:
+            return self.result("malformed", f"Not graded: {why}.")
         if reasons:
             return self.result("tampered", "Not graded: your answer " + "; ".join(reasons))
         cases = exercise.cases(False) + exercise.cases(True)
@@ -246,7 +252,10 @@ def _question_values(assignment, answer, names, box, seed) -> tuple[str, str, di
     """(status, message, plain values) of one question cell, run after the set-up cell."""
     if answer is None:
         return "missing", "The answer cell of these questions is missing.", {}
-    reasons = tamper.findings(answer)
+    try:
+        reasons = tamper.findings(answer)
+    except tamper.Unreadable as why:
+        return "malformed", f"Not graded: {why}.", {}
     if reasons:
         return "tampered", "Not graded: your answer " + "; ".join(reasons), {}
     prelude = assignment.question_prelude or assignment.prelude

@@ -106,12 +106,29 @@ def _patches(target: ast.AST, protected: set[str]) -> str | None:
     return None
 
 
+class Unreadable(ValueError):
+    """A cell Python's parser gives up on (nested too deeply, too large): it is not graded."""
+
+
 def findings(source: str) -> list[str]:
-    """Reasons this cell may not be graded, in source order; empty when nothing was found."""
+    """Reasons this cell may not be graded, in source order; empty when nothing was found.
+
+    Raises `Unreadable`, with a reason, where the parser gives up on the cell: the worker's
+    interpreter would give up on it as well, and the grader must not.
+    """
     try:
-        tree = parse(source)
+        return _findings(source)
     except SyntaxError:
         return []  # running it reports the syntax error as the learner's mistake
+    except (RecursionError, MemoryError, ValueError) as err:
+        raise Unreadable(
+            f"Python cannot read this cell ({type(err).__name__}: "
+            f"{str(err)[:100] or 'out of memory'}); it is nested too deeply or too large"
+        ) from None
+
+
+def _findings(source: str) -> list[str]:
+    tree = parse(source)
     found: list[str] = []
     protected = _aliases(tree)
 

@@ -52,7 +52,9 @@ import time
 import types
 
 PR_SET_DUMPABLE = 4
-MAX_OUTPUT = 16 * 2**20  # bytes kept from one job's pipe; a flood is cut here
+# Bytes a job may send through its channel, and print (stdout and stderr together): more is a
+# flood, which ends the job as over a limit. What it prints is counted and dropped, never kept.
+MAX_OUTPUT = 16 * 2**20
 OBSERVERS = "forge_course.observe."
 
 # Audit events that learner code has no business raising: each is a way to reach what the
@@ -266,10 +268,23 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _run_job(job: dict, write_fd: int) -> None:
+def _run_job(job: dict, write_fd: int, own_pid_namespace: bool) -> None:
     """In the child: the set-up cell, the learner's cell, then the observations."""
+    import torch
+
     from forge_course.grader.codec import to_plain
+    from forge_course.observe import common
     from forge_course.observe.common import Mistake
+
+    # Alone in its process-id namespace, the job can count the threads and processes the answer
+    # starts (`common.alone`), once what torch starts on its own is running: autograd's device
+    # threads (at its first backward) and CUDA's (with a context on each GPU the cases use).
+    torch.ones((), requires_grad=True).backward()
+    for case in job.get("cases", []):
+        device = case.get("device") if isinstance(case, dict) else None
+        if isinstance(device, str) and device.startswith("cuda"):
+            with contextlib.suppress(RuntimeError, AssertionError):  # the observer says why
+                torch.empty(1, device=device)
 
     # Everything the channel needs, bound before learner code runs: the module's names are
     # within its reach (it may rebind ``worker.json``), these locals are not.
@@ -319,6 +334,7 @@ def _run_job(job: dict, write_fd: int) -> None:
     except BaseException as err:  # noqa: BLE001
         write_now(json.dumps({"setup_error": f"{type(err).__name__}: {err}"}) + "\n")
         return
+    common.TASKS_BEFORE_ANSWER = common.last_task() if own_pid_namespace else None
     watched = snapshot()
     _install_audit_hook(write_now)
 
@@ -365,13 +381,25 @@ def _run_job(job: dict, write_fd: int) -> None:
     send({"done": True})
 
 
-def _child(job: dict, write_fd: int, reply_fd: int, limits: dict, workdir: str):
+def _child(
+    job: dict,
+    write_fd: int,
+    print_fd: int,
+    reply_fd: int,
+    limits: dict,
+    workdir: str,
+    own_pid_namespace: bool,
+):
     """The forked child: limits on, every route to the server closed, then the job."""
     code = 0
     try:
         os.close(reply_fd)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # the next jobs arrive on stdin: not for the learner to read
+        # What it prints goes to a pipe the server counts, never to the grader's stderr.
+        os.dup2(print_fd, 1)
+        os.dup2(print_fd, 2)
+        os.close(print_fd)
         if limits.get("address_space_mb"):  # only where no control group caps resident memory
             memory = limits["address_space_mb"] * 2**20
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -382,7 +410,7 @@ def _child(job: dict, write_fd: int, reply_fd: int, limits: dict, workdir: str):
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
         _cap_gpu_memory(limits.get("gpu_memory_mb", 0))
         os.chdir(workdir)
-        _run_job(job, write_fd)
+        _run_job(job, write_fd, own_pid_namespace)
     except BaseException:  # noqa: BLE001  (whatever happens, never return into the server)
         code = 1
     finally:
@@ -405,26 +433,42 @@ def _cap_gpu_memory(megabytes: int) -> None:
     torch.cuda._lazy_call(cap)
 
 
-def _reap(pid: int, read_fd: int, watch: Watch) -> tuple[str, int, str]:
-    """Wait for the child, kill what it left behind, and return its pipe's text, exit code and
-    the submission limit it went over ("" when none)."""
-    chunks: list[bytes] = []
+def _reap(pid: int, channel: _Drain, printed: _Drain, watch: Watch) -> tuple[str, int, str]:
+    """Wait for the child, kill what it left behind, and return its channel's text, exit code
+    and the limit it went over ("" when none)."""
 
-    def drain() -> None:
-        size = 0
-        while data := os.read(read_fd, 65536):
-            if size < MAX_OUTPUT:
-                chunks.append(data)
-                size += len(data)
+    def flooded() -> str:
+        return channel.over("sent to the grader") or printed.over("printed to stdout and stderr")
 
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    status, over = watch.wait(pid)
+    status, over = watch.wait(pid, flooded)
     _kill_leftovers(watch.own_pid_namespace)
-    reader.join(timeout=2)  # a writer that escaped the kill cannot hold the answer back
-    os.close(read_fd)
-    output = b"".join(chunks).decode("utf-8", "replace")
+    for drain in (channel, printed):
+        drain.join(timeout=2)  # a writer that escaped the kill cannot hold the answer back
+    over = over or flooded()
+    output = "" if over else b"".join(channel.chunks).decode("utf-8", "replace")
     return output, os.waitstatus_to_exitcode(status), over
+
+
+class _Drain(threading.Thread):
+    """Read a pipe of the job's to its end in chunks, counting the bytes and keeping them
+    (``keep``) only while they are within `MAX_OUTPUT`: a flood costs no memory."""
+
+    def __init__(self, fd: int, keep: bool):
+        super().__init__(daemon=True)
+        self.fd, self.keep, self.size, self.chunks = fd, keep, 0, []
+        self.start()
+
+    def run(self) -> None:
+        while data := os.read(self.fd, 65536):
+            self.size += len(data)
+            if self.keep and self.size <= MAX_OUTPUT:
+                self.chunks.append(data)
+        os.close(self.fd)
+
+    def over(self, what: str) -> str:
+        if self.size <= MAX_OUTPUT:
+            return ""
+        return f"output: more than {MAX_OUTPUT // 2**20} MB {what}"
 
 
 class Watch:
@@ -474,16 +518,17 @@ class Watch:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
 
-    def wait(self, pid: int) -> tuple[int, str]:
+    def wait(self, pid: int, flooded) -> tuple[int, str]:
         """Wait for the child, measuring as it runs, and kill it at the first total over its
-        limit. Return its wait status and the limit it went over ("" when none)."""
+        limit, or once ``flooded()`` names the output it went over. Return its wait status and
+        the limit it went over ("" when none)."""
         self.peaks = {}
         over, pause = "", 0.002
         while True:
             done, status, usage = os.wait4(pid, os.WNOHANG)
             if done:
                 break
-            over = self._over(self._measure())
+            over = self._over(self._measure()) or flooded()
             if over:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -648,14 +693,20 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
             raise SystemExit("CUDA was initialised in the grading server")
         workdir = tempfile.mkdtemp(prefix=f"job-{job['id']}-", dir=scratch)
         read_fd, write_fd = os.pipe()
+        print_read, print_write = os.pipe()
         watch.cpu_spent = float(job.get("cpu_spent", 0.0))
+        # Started before the fork: while the job runs, only its own processes start any (what
+        # `observe.common.alone` counts in this process-id namespace).
+        channel, printed = _Drain(read_fd, keep=True), _Drain(print_read, keep=False)
         pid = os.fork()
         if pid == 0:
             os.close(read_fd)
+            os.close(print_read)
             watch.watchable()
-            _child(job, write_fd, reply.fileno(), limits, workdir)
+            _child(job, write_fd, print_write, reply.fileno(), limits, workdir, own_pid_namespace)
         os.close(write_fd)
-        output, code, over = _reap(pid, read_fd, watch)
+        os.close(print_write)
+        output, code, over = _reap(pid, channel, printed, watch)
         for folder in folders:
             _clear(folder, modes[folder])
         # What could not be cleared (folders nested past the longest path, say) ends this

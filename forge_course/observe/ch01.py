@@ -18,7 +18,7 @@ from torch.overrides import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from forge_course.observe.common import Mistake, call_answer
+from forge_course.observe.common import Mistake, alone, call_answer
 
 GRAPH_WALK_ID = "ch01_graph_walk"
 LOGSUMEXP_ID = "ch01_logsumexp"
@@ -276,7 +276,7 @@ def observe_logsumexp(LogSumExp, case: dict) -> dict:
     seen = {
         IS_FUNCTION: isinstance(LogSumExp, type) and issubclass(LogSumExp, torch.autograd.Function)
     }
-    with _watching_logsumexp() as watch:
+    with alone(LOGSUMEXP_ID), _watching_logsumexp() as watch:
         seen.update(_run_logsumexp(LogSumExp, apply, case))
     seen[CALLS_LOGSUMEXP] = watch.calls > 0
     seen[WATCH_INTACT] = watch.intact
@@ -349,7 +349,7 @@ def observe_straight_through(fn, case: dict) -> dict:
     leaf = leaf.to(device).requires_grad_()
     x = leaf * case["scale"] if case["scale"] != 1.0 else leaf
     label = label_straight_through(case)
-    with _watching_writes(x) as writes:
+    with alone(STRAIGHT_THROUGH_ID), _watching_writes(x) as writes:
         out, raised = _attempt(STRAIGHT_THROUGH_ID, "round_ste", fn, x, case=label)
     if raised is not None:
         return {"raised": raised}

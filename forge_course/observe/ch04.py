@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-from forge_course.observe.common import Mistake, call_answer
+from forge_course.observe.common import Mistake, alone, call_answer
 from forge_course.observe.generator import generator_change, generator_state
 
 GENERATOR = "torch's global generator"
@@ -133,7 +133,7 @@ def observe_hand_step(fn, case: dict) -> dict:
     args = copy.deepcopy(case)
     # Autograd is switched off: the exercise is to find the gradients by hand. An answer that
     # switches it back on (`torch.enable_grad()`) is caught by what autograd recorded.
-    with torch.no_grad(), GraphRecorder() as graph:
+    with alone("ch04_hand_step"), torch.no_grad(), GraphRecorder() as graph:
         out = call_answer(
             "ch04_hand_step", "hand_step", fn, args["W"], args["b"], args["x"], args["t"],
             args["lr"],

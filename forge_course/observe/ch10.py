@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from forge_course.observe.ch04 import OwnDropout, Settings, halve_output
-from forge_course.observe.common import INSTRUMENT_TAMPERED, Mistake, call_answer
+from forge_course.observe.common import INSTRUMENT_TAMPERED, Mistake, alone, call_answer
 
 ACCUMULATE, AMP, CHECKPOINTED = (
     "ch10_accumulate_step", "ch10_amp_step", "ch10_checkpointed_forward",
@@ -367,7 +367,7 @@ def observe_checkpointed_forward(fn, case: dict) -> dict:
     for block in blocks:
         block.check_pack = counting.pack
     try:
-        with counting:
+        with alone(CHECKPOINTED), counting:
             settings = Settings()
             out = call_answer(CHECKPOINTED, "checkpointed_forward", fn, layers, x_in,
                               case["segments"], case=label)  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 
@@ -33,6 +33,34 @@ class Tampered(Mistake):
 
 # What an observer reports where it found its instrument changed by the answer.
 INSTRUMENT_TAMPERED = "changed by the answer: the check's instrument is not where it put it"
+# The namespace's last process id when the answer began to run, set by a grading worker alone
+# in its process-id namespace (None elsewhere); a change by the answer is found as tampering.
+TASKS_BEFORE_ANSWER: str | None = None
+
+
+def last_task() -> str:
+    """The last process or thread id the kernel gave out in this process-id namespace."""
+    with open("/proc/sys/kernel/ns_last_pid") as f:
+        return f.read()
+
+
+@contextmanager
+def alone(grade_id: str):
+    """The body calls the answer under instruments that watch how it runs (torch's modes,
+    saved-tensor hooks, grad mode): each is this thread's own, so work the answer hands to a
+    thread or process of its own would run unseen. In a grading worker, any thread or process
+    started since the answer began, however it was made (in the body, or before it to wait
+    for work), is a `Mistake`: the kernel's count of process ids in the worker's namespace,
+    which the job cannot write, says so."""
+    yield
+    if TASKS_BEFORE_ANSWER is not None and last_task() != TASKS_BEFORE_ANSWER:
+        raise Mistake(
+            grade_id,
+            "your code started a thread or a process, and the check watches how your answer "
+            "runs: it cannot see into those, so it cannot grade the answer. Do the work in the "
+            "calling thread.",
+        )
+
 
 _guard: Callable[[Callable], AbstractContextManager] = lambda fn: nullcontext()
 _translate: Callable[[BaseException], str | None] = lambda err: None
