@@ -37,9 +37,10 @@ class PastedText(Text):
     _pictures: ClassVar[dict[tuple, tuple[np.ndarray, tuple[float, float]]]] = {}
 
     def _look(self, dpi: float) -> tuple:
+        # `_linespacing`: matplotlib has a getter only from 3.11 (Colab has 3.10).
         return (self.get_text(), self.get_fontproperties(), to_rgba(self.get_color()),
                 self.get_horizontalalignment(), self.get_verticalalignment(),
-                self.get_linespacing(), self.get_alpha(), self.get_antialiased(),
+                self._linespacing, self.get_alpha(), self.get_antialiased(),
                 self.get_usetex(), dpi)  # fmt: skip
 
     def picture(self, dpi: float) -> tuple[np.ndarray, tuple[float, float]]:
