@@ -395,10 +395,10 @@ ch09.check_checkpoint(save_checkpoint, load_checkpoint, thorough=True)
 # uninterrupted, the other sending itself **SIGKILL** during step `KILL_AT` = 23, after
 # `backward()` and before `optimizer.step()`. SIGKILL cannot be caught: no `finally:`, no
 # `atexit`, exactly what a pre-empted machine or the out-of-memory killer does. Once it is dead,
-# a third process resumes the killed run from its newest checkpoint. (The command imports torch
-# once and forks the three from itself, where the system can fork: importing torch is most of a
-# new Python's start. Each builds its model, optimizer and data from scratch; only the files on
-# disk pass from the killed run to the resumed one.)
+# a third process resumes the killed run from its newest checkpoint. (On Linux the command
+# imports torch once and forks the three from itself: importing torch is most of a new Python's
+# start. Each builds its model, optimizer and data from scratch; only the files on disk pass
+# from the killed run to the resumed one.)
 #
 # **By hand.** Checkpoints are written after steps 4, 8, …, 20; the one after 24 never
 # happens. An epoch holds 10 steps, so the checkpoint after step 20 was taken at the end of

@@ -1,9 +1,9 @@
 """Crash-and-resume replay: real training processes, one killed with SIGKILL, one resuming it.
 
 Run as ``python -m forge_course.sims.crash_replay FOLDER [--kill-at K]``, one Python imports
-torch and the course once, then starts three training processes from itself (forked where the
-system can fork: a process's start is mostly importing torch, about 2.4 s here, half of it
-`torch._dynamo`, which the first optimizer imports). Each trains chapter 09's running example
+torch and the course once, then starts three training processes from itself (forked on Linux:
+a process's start is mostly importing torch, about 2.4 s here, half of it `torch._dynamo`, which
+the first optimizer imports; started by spawn elsewhere). Each trains chapter 09's running example
 (an MLP on the 2-D spiral) with the reference checkpointing from scratch, appending one
 ``step loss`` line per step to its ``losses-TAG.txt`` (the loss as a float hex, so nothing is
 lost in printing):
@@ -134,8 +134,9 @@ def launch(folder: Path, kill_at: int = KILL_AT) -> dict:
     straight.mkdir(parents=True)
     crashed.mkdir(parents=True)
     build()  # imports everything a run needs, once, before the processes start
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    # Fork on Linux only: macOS can fork, but its system libraries are not safe to use in a
+    # forked child (hence spawn, its default); Windows cannot.
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
 
     def finish(*processes) -> list[int]:
         for process in processes:
