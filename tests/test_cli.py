@@ -38,6 +38,7 @@ def test_check_on_a_fresh_release_reports_every_exercise_unanswered():
     assert "0 of" in run.stdout
 
 
+@pytest.mark.slow
 def test_a_gradebook_is_created_where_the_venv_is_not_activated(tmp_path):
     """nbgrader runs `alembic` by name for a new gradebook: `forge-course` finds its own."""
     create = (

@@ -97,6 +97,7 @@ def test_run_ranks_stops_hanging_and_failing_ranks_in_bounded_time():
     assert failed["seconds"] < 20
 
 
+@pytest.mark.slow
 def test_run_ranks_spawns_where_it_cannot_fork(monkeypatch):
     """macOS and Windows: each rank a spawned interpreter, the ring's check the same."""
     monkeypatch.setattr(collectives, "FORK_RANKS", False)

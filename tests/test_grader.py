@@ -245,6 +245,7 @@ def test_an_answer_with_peaks_of_another_shape_is_no_answer(peaks):
     assert sandbox._reply(line.replace(peaks, '{"files": 3, "cpu_seconds": 0.5}')) is not None
 
 
+@pytest.mark.slow
 def test_a_worker_that_ended_between_submissions_is_replaced_not_blamed():
     """A warm worker killed from outside between two submissions (the host's OOM killer, say)
     is started afresh for the next one, which is graded as if nothing happened."""

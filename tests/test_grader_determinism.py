@@ -1,10 +1,11 @@
 """A grade depends on the answer alone: the same class, any ``--jobs``, any order, same grades.
 
-One class holds every chapter: two copies of each chapter's instructor solution and one typical
-wrong answer, so each run mixes right and wrong answers of every chapter, graded side by side.
-It is graded with one job, then with four after the students' folders are renamed, so that
-they are graded in another order, beside other neighbours, on more jobs than the machine has
-cores; the grades and the CSV (names mapped back) must be the same.
+One class holds every chapter: each chapter's instructor solution and one typical wrong answer,
+so each run mixes right and wrong answers of every chapter, graded side by side. It is graded
+with one job, then with four after the students' folders are renamed into the reverse order, so
+that each answer is graded after what it came before (the solution after the wrong answer, on a
+worker the wrong answer may have used), on more jobs than the machine has cores; the grades and
+the CSV (names mapped back) must be the same.
 """
 
 import csv
@@ -19,7 +20,7 @@ from tests.test_autograde import _answers
 pytestmark = pytest.mark.slow
 
 
-STUDENTS = ("solution_0", "solution_1", "wrong")
+STUDENTS = ("solution", "wrong")
 
 
 def _class(root) -> None:
