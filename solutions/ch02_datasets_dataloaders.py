@@ -29,7 +29,7 @@ TIMING_ROWS = 4096  # rows of the in-memory dataset that is timed
 ITEM_DELAY = 0.004  # seconds of simulated work per item (a disk read, a decode)
 DELAYED_ROWS = 160  # rows of the slow dataset: 160 × 4 ms = 0.64 s of work per epoch
 TIMING_EPOCHS = 2  # epochs timed per loader; the first one includes starting the workers
-COW_PATHS = 200_000  # file paths in the copy-on-read demo: 80 bytes each as Python str
+COW_PATHS = 200_000  # paths in the copy-on-read demo: 80 bytes each as Python str (64 from 3.12)
 
 import csv
 import random
@@ -575,12 +575,14 @@ else:
 # of file names or records can look as if it leaks: nothing leaks, every worker copies.
 #
 # **Hand calculation.** `COW_PATHS` = 200,000 paths like `images/000123.jpg` (17 characters).
-# `sys.getsizeof` says 66 bytes each (49 bytes of header and 17 of text), and Python's
-# allocator keeps small objects in slots rounded up to a multiple of 16 bytes, so each
-# takes 80: $200{,}000 \times 80 = 16{,}000{,}000$ bytes $= 15.3$ MiB, about 51 strings per
-# page. With `shuffle=True` each of 2 workers reads a random half of the strings, and a page
-# is spared only if a worker reads none of its 51: a chance of $2^{-51}$. So **each** worker
-# should copy about 15.3 MiB. The same paths in one NumPy array of bytes (`dtype='S17'`, 17
+# On Python 3.10 and 3.11 `sys.getsizeof` says 66 bytes each (49 bytes of header and 17 of
+# text), and Python's allocator keeps small objects in slots rounded up to a multiple of 16
+# bytes, so each takes 80: $200{,}000 \times 80 = 16{,}000{,}000$ bytes $= 15.3$ MiB, about 51
+# strings per page. (Python 3.12 dropped a pointer from the header: 41 + 17 = 58 bytes, slots
+# of 64, 12.2 MiB, 64 strings per page; the next cell prints the slot of the Python you run.)
+# With `shuffle=True` each of 2 workers reads a random half of the strings, and a page is
+# spared only if a worker reads none of its 51 (or 64): a chance of $2^{-51}$. So **each**
+# worker should copy about 15.3 MiB (12.2 from Python 3.12). The same paths in one NumPy array of bytes (`dtype='S17'`, 17
 # bytes each, 3.4 MB in one block) are a single object whose pages nobody writes: about 0.
 #
 # The measurement, from `forge_course/reference/copy_on_read.py`: a dataset whose item is the
@@ -628,11 +630,12 @@ else:
     )
 
 # %% [markdown]
-# Both workers copied about the hand's 15.3 MiB (a little more: the worker's own bookkeeping
-# while it builds batches); with the array they barely moved, a MiB or so either way: the
-# worker's own allocations coming and going. Scale it up: ten million such paths held as
-# `str` are about 800 MB, and 8 workers copy nearly all of it each, on top of the main
-# process's copy, during the first epoch.
+# Both workers copied about the hand's figure, 15.3 MiB (12.2 from Python 3.12), a little
+# more: the worker's own bookkeeping while it builds batches. With the array they barely
+# moved, a MiB or so either way: the worker's own allocations coming and going. Scale it up:
+# ten million such paths held as `str` are about 800 MB (640 MB from Python 3.12), and 8
+# workers copy nearly all of it each, on top of the main process's copy, during the first
+# epoch.
 #
 # **The fix** is to keep what workers read out of Python objects: store the data in a few
 # NumPy arrays or tensors (fixed-width bytes as above, or all the strings' bytes in one
@@ -970,7 +973,8 @@ check_choice(
 #   in-memory data rarely needs them. Measure an epoch of the loader alone before choosing.
 # * A forked worker shares the dataset's pages until it writes to one, and reading a Python
 #   object writes its reference count: over an epoch each worker copies nearly every object
-#   of a list (15.3 MiB per worker for 200,000 paths as `str`), and none of one NumPy array.
+#   of a list (15.3 MiB per worker for 200,000 paths as `str`, 12.2 MiB from Python 3.12),
+#   and none of one NumPy array.
 # * Each worker copies the dataset, generators included: reseed generators the dataset owns in a
 #   `worker_init_fn`, from `get_worker_info().seed`. It runs each time workers start: every
 #   epoch, or once for the loader's life with `persistent_workers=True`.

@@ -181,8 +181,9 @@ ch04.check_hand_step(hand_step, thorough=True)
 #
 # Move the **stage** slider to watch the iteration fill in, one operation at a time: new tensors
 # are orange, tensors already known are blue, tensors not computed yet are grey. Move **lr** to
-# see the update grow with the learning rate; past 1/3 the step overshoots and the loss after
-# it is *higher* (the cell after the simulation shows why it is exactly 1/3 here).
+# see the update grow with the learning rate; past 1/6 the step overshoots the target, and
+# past 1/3 it overshoots so far that the loss after it is *higher* (the cell after the
+# simulation shows why those are the thresholds here).
 #
 # *Without a widget front end this cell shows the forward, backward and check stages as one
 # still picture: rows of labelled boxes holding the numbers worked out above.*

@@ -541,7 +541,8 @@ plt.show()
 # model above started equal. Anything that draws a random number in between (another layer, a
 # data split, a `torch.randn`) shifts everything built after it. To make a model's start
 # independent of what ran before, give the initialisation its own generator: every `nn.init`
-# function takes `generator=`.
+# function that draws random numbers (`uniform_`, `normal_`, `kaiming_uniform_`,
+# `xavier_normal_` and the rest) takes `generator=`.
 
 
 # %%

@@ -462,11 +462,18 @@ print(f"the scaler this device needs for {low}: {ref_amp.make_scaler(device)}")
 
 
 # %%
+import platform
+
+
 def has_bfloat16_arithmetic(device):
     """Whether `device` computes in bfloat16 in hardware, as far as torch can tell."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
-    if device.type == "cpu":  # torch's own test of the CPU (no public call exists for it)
+    if device.type == "cpu" and platform.machine().lower() in ("x86_64", "amd64"):
+        # torch's own tests of the CPU's instructions (no public call exists for them). oneDNN's
+        # bfloat16 test is not one: it says yes to any AVX-512 CPU, emulating where it must.
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    if device.type == "cpu":  # Arm: oneDNN's test, which there looks for the instructions
         probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
         return torch.backends.mkldnn.is_available() and probe is not None and probe()
     return False  # MPS: this chapter keeps autocast's float16 there
@@ -573,8 +580,13 @@ for name in names:
 # what launching them takes, and autocast, with more kernels, can come out slower at either
 # batch size (on an NVIDIA H200 with torch 2.11, autocast ran at 0.78× the float32 speed at
 # batch 64 and 0.74× at batch 1024). The wide model's products are billions of multiply-adds
-# each, and there tensor cores win by several times (11× on the same H200). On a CPU without 16-bit instructions
-# bfloat16 is emulated and there may be no win at any size. The memory column follows the
+# each, and there tensor cores win by several times (11× on the same H200). Part of that is
+# the float32 side's choice: by default PyTorch multiplies float32 matrices in full float32
+# precision, without tensor cores. On Ampere and later GPUs,
+# `torch.backends.cuda.matmul.allow_tf32 = True` lets them run as TF32 on tensor cores too,
+# and against that fair float32 the gain of 16 bits is far smaller (on an NVIDIA H100, an MLP
+# step with products of this size: 6.5× plain float32 but 1.55× TF32). On a CPU without
+# 16-bit instructions bfloat16 is emulated and there may be no win at any size. The memory column follows the
 # same logic: autocast also keeps 16-bit *copies of the weights* for backward (bfloat16 on
 # the CPU, float16 on CUDA by default), which at batch 64 are much of what is kept, so the
 # saving there is far from half; with more examples the activations dominate and it comes
@@ -1039,7 +1051,8 @@ check_number(
         "input, 64 × 64 × 4 bytes.",
         16384: "that is one segment's input; there are 8 segments.",
         65536: "that is 4 segments; the question has 8.",
-        1179648: "the 8 segments keep only their inputs, not two blocks' activations each.",
+        1179648: "that is half the plain forward, as if each segment kept its first block's "
+        "activations; the 8 segments keep only their inputs.",
     },
 )
 ### END HIDDEN TESTS

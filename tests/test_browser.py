@@ -14,6 +14,7 @@ of each chapter lands in ``test-artifacts/browser/``. Without Chromium the test 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -178,6 +179,8 @@ def test_chapter_runs_in_jupyterlab_with_live_widgets(browser_page, chapter):
         changed = _a_slider_changes_the_picture(page, chapter)
         assert changed, "no slider changed the simulation's picture"
     finally:
+        with contextlib.suppress(Exception):  # the picture of the last key press, not the first
+            page.wait_for_selector(KERNEL_IDLE, timeout=10_000)
         page.screenshot(path=str(ARTIFACTS / f"{chapter}.png"), full_page=False)
         shut_down_kernels(base)
 
@@ -195,6 +198,7 @@ def test_a_failed_check_shows_the_teaching_message_and_nothing_of_the_course(bro
         path = "notebooks/ch04_one_training_step/answered_wrong.ipynb"
         _open_and_run_all(page, base, path, as_released=False)
         check = page.locator(".jp-CodeCell", has_text="check_train_step(train_step)").first
+        check.scroll_into_view_if_needed()  # for the screenshot: the message, as a learner sees it
         shown = "\n".join(check.locator(".jp-OutputArea-output").all_inner_texts())
         assert "Check failed [ch04_train_step]" in shown, shown
         assert "Likely mistake: `optimizer.zero_grad()` is missing" in shown, shown

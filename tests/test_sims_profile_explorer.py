@@ -26,6 +26,16 @@ def test_the_hand_calculation(workers, step_ms, idle):
     assert timeline.idle_share == pytest.approx(idle)
 
 
+@pytest.mark.parametrize("workers", range(1, 9))
+def test_the_view_s_short_run_gives_the_steady_pace(workers):
+    """The view simulates 12 steps: with more workers than fit twice in them, the batches come
+    in one or two bursts, and the pace read off the run must still be L / W when loading is
+    the slower part (here 27.7 ms a batch against 0.3 ms of compute)."""
+    timeline = simulate(27.7, 0.3, workers, prefetch=2, steps=12)
+    assert timeline.steady_step_ms == pytest.approx(27.7 / workers)
+    assert timeline.idle_share == pytest.approx(1 - 0.3 / (27.7 / workers))
+
+
 def test_without_workers_the_main_process_loads_then_computes():
     timeline = simulate(5, 2, workers=0, steps=3)
     assert timeline.in_main and timeline.loads == [[(0, 5), (7, 5), (14, 5)]]

@@ -391,7 +391,7 @@ class TrainerPicture:
         bugs = ", ".join(sorted(trainer.bugs)) or "none"
         cfg = trainer.config
         self.title.set_text(
-            f"{cfg['optimizer']}, lr {cfg['lr']:g}, {cfg['scheduler']} schedule, "
+            f"{cfg['optimizer']}, lr {cfg['lr']:.3g}, {cfg['scheduler']} schedule, "
             f"batch {cfg['batch_size']}; bugs: {bugs}"
         )
 
