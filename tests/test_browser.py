@@ -76,6 +76,8 @@ ALL_RAN = """() => {
   const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
   return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
 }"""
+STARTED = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+  .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
 
 
 def _open_and_run_all(page, base: str, path: str, as_released: bool = True) -> None:
@@ -92,9 +94,25 @@ def _open_and_run_all(page, base: str, path: str, as_released: bool = True) -> N
     # version among it) into the notebook, as it does for any notebook saved elsewhere.
     trust = page.locator(".jp-StatusItem-trust").first.get_attribute("title") or ""
     assert trust.startswith("Notebook trusted") or not as_released, f"the status bar: {trust!r}"
-    page.locator(".lm-MenuBar-item", has_text="Run").first.click(timeout=10_000)
-    page.click("li.lm-Menu-item[data-command='runmenu:run-all']", timeout=10_000)
+    _run_all(page)
     page.wait_for_function(ALL_RAN, timeout=240_000)
+
+
+def _run_all(page) -> None:
+    """Run > Run All Cells, as a learner would; again if not one cell started. A Lab that has
+    just shown its new kernel idle may not have it connected yet: then Run All marks nothing
+    as queued and runs nothing (seen twice in CI, all prompts still `[ ]`, the kernel idle)."""
+    from playwright.sync_api import TimeoutError as PageTimeout
+
+    for _ in range(3):
+        page.locator(".lm-MenuBar-item", has_text="Run").first.click(timeout=10_000)
+        page.click("li.lm-Menu-item[data-command='runmenu:run-all']", timeout=10_000)
+        try:
+            page.wait_for_function(STARTED, timeout=10_000)
+            return
+        except PageTimeout:
+            continue
+    raise AssertionError("Run All started no cell, three times")
 
 
 PICTURES = "() => [...document.querySelectorAll('.jupyter-widgets img')].map(i => i.src).join()"

@@ -309,11 +309,12 @@ def test_checks_hand_notebook_answers_to_spawned_workers(cells):
 
     settings, solutions = cells
     run = [settings, solutions["ch02_csv_dataset"], solutions["ch02_worker_init"]]
-    payload = json.dumps({"run": run, "wrong": answers.INIT_WORKER_ID_ONLY})
+    # The known mistake tried first: each one tried costs six more spawned workers.
+    payload = json.dumps({"run": run, "wrong": answers.INIT_GLOBAL_SEEDS})
     program = f"CELLS = {payload!r}\n" + WITHOUT_FORK
     done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     verdicts = json.loads(done.stdout.strip().splitlines()[-1])
     assert verdicts["csv"] == "passed" and verdicts["init"] == "passed", verdicts
-    assert "depend on `worker_id` alone" in verdicts["wrong"], verdicts
+    assert "never get new seeds" in verdicts["wrong"], verdicts
