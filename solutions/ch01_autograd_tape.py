@@ -222,8 +222,8 @@ plt.show()
 # %% [markdown]
 # *Alt text: four rows of boxes joined by arrows: PowBackward0 (L = 64) at the top, then
 # AddBackward0 (z = 8), then MulBackward0 (y = 6), then two orange AccumulateGrad boxes side by
-# side for the leaves x = 2 and w = 3. AddBackward0 has a second, curved arrow straight to x's box. No
-# gradients are known yet.*
+# side for the leaves x = 2 and w = 3. AddBackward0 has a second, curved arrow straight to x's
+# box. No gradients are known yet.*
 #
 # ## Backward by hand
 #

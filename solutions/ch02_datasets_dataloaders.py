@@ -581,9 +581,10 @@ else:
 # strings per page. (Python 3.12 dropped a pointer from the header: 41 + 17 = 58 bytes, slots
 # of 64, 12.2 MiB, 64 strings per page; the next cell prints the slot of the Python you run.)
 # With `shuffle=True` each of 2 workers reads a random half of the strings, and a page is
-# spared only if a worker reads none of its 51 (or 64): a chance of $2^{-51}$. So **each**
-# worker should copy about 15.3 MiB (12.2 from Python 3.12). The same paths in one NumPy array of bytes (`dtype='S17'`, 17
-# bytes each, 3.4 MB in one block) are a single object whose pages nobody writes: about 0.
+# spared only if a worker reads none of its 51 (or 64): a chance of $2^{-51}$ (or $2^{-64}$).
+# So **each** worker should copy about 15.3 MiB (12.2 from Python 3.12). The same paths in one
+# NumPy array of bytes (`dtype='S17'`, 17 bytes each, 3.4 MB in one block) are a single object
+# whose pages nobody writes: about 0.
 #
 # The measurement, from `forge_course/reference/copy_on_read.py`: a dataset whose item is the
 # length of a path, and a loader whose workers report their **private memory** (the pages no

@@ -14,7 +14,6 @@ of each chapter lands in ``test-artifacts/browser/``. Without Chromium the test 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -161,6 +160,10 @@ def _a_slider_changes_the_picture(page, chapter: str) -> bool:
                 page.keyboard.press(action)
         if _new_picture(page, before):  # otherwise this control changes no picture: the next
             _record(chapter, (time.perf_counter() - start) * 1e3)
+            # The time above is the first press's; the screenshot shows the last press's picture.
+            for _ in range(3):
+                if not _new_picture(page, page.evaluate(PICTURES)):
+                    break
             return True
     return False
 
@@ -197,8 +200,6 @@ def test_chapter_runs_in_jupyterlab_with_live_widgets(browser_page, chapter):
         changed = _a_slider_changes_the_picture(page, chapter)
         assert changed, "no slider changed the simulation's picture"
     finally:
-        with contextlib.suppress(Exception):  # the picture of the last key press, not the first
-            page.wait_for_selector(KERNEL_IDLE, timeout=10_000)
         page.screenshot(path=str(ARTIFACTS / f"{chapter}.png"), full_page=False)
         shut_down_kernels(base)
 

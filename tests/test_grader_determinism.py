@@ -2,10 +2,9 @@
 
 One class holds every chapter: each chapter's instructor solution and one typical wrong answer,
 so each run mixes right and wrong answers of every chapter, graded side by side. It is graded
-with one job, then with four after the students' folders are renamed into the reverse order, so
-that each answer is graded after what it came before (the solution after the wrong answer, on a
-worker the wrong answer may have used), on more jobs than the machine has cores; the grades and
-the CSV (names mapped back) must be the same.
+with one job, then with four after the students' folders are renamed into the reverse order:
+the solution is then graded after the wrong answer instead of before it, on more jobs than the
+machine has cores. The grades and the CSV (names mapped back) must be the same.
 """
 
 import csv

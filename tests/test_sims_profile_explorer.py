@@ -27,7 +27,7 @@ def test_the_hand_calculation(workers, step_ms, idle):
 
 
 @pytest.mark.parametrize("workers", range(1, 9))
-def test_the_view_s_short_run_gives_the_steady_pace(workers):
+def test_a_short_run_of_many_workers_gives_the_steady_pace(workers):
     """The view simulates 12 steps: with more workers than fit twice in them, the batches come
     in one or two bursts, and the pace read off the run must still be L / W when loading is
     the slower part (here 27.7 ms a batch against 0.3 ms of compute)."""
