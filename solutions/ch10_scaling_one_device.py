@@ -563,6 +563,17 @@ for name in names:
     verdict = "faster" if speedup[name] > 1.1 else "not faster" if speedup[name] > 0.9 else "slower"
     print(f"{name}: autocast is {verdict} here ({speedup[name]:.2f}× the float32 speed) and "
           f"keeps {saving[name]:.0%} fewer bytes for backward.")  # fmt: skip
+if device.type == "cuda":  # the fair float32: TF32 on tensor cores, for the wide case
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # float32 matmuls may use TF32
+    try:
+        xb = torch.randn(4096, 2048, generator=torch.Generator().manual_seed(SEED)).to(device)
+        tf32_ms = fastest_ms(lambda: forward_backward(wide, xb, False))
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    plain_ms, amp_ms = (amp_rows[("wide, batch 4096", amp)][1] for amp in (False, True))
+    print(f"wide, batch 4096: float32 with TF32 {tf32_ms:.2f} ms/step, {plain_ms / tf32_ms:.2f}× "
+          f"plain float32; autocast is {tf32_ms / amp_ms:.2f}× the TF32 speed.")  # fmt: skip
 
 # %% [markdown]
 # *Alt text: two bar charts, float32 (blue) against autocast (orange), for the running
@@ -578,14 +589,16 @@ for name in names:
 # the fixed cost of launching each kernel. The running example never gets there on a GPU:
 # each of its steps is a few hundred tiny kernels, so float32 and autocast both take about
 # what launching them takes, and autocast, with more kernels, can come out slower at either
-# batch size (on an NVIDIA H200 with torch 2.11, autocast ran at 0.78× the float32 speed at
+# batch size (on an NVIDIA H200 with torch 2.11, autocast ran at 0.81× the float32 speed at
 # batch 64 and 0.74× at batch 1024). The wide model's products are billions of multiply-adds
 # each, and there tensor cores win by several times (11× on the same H200). Part of that is
 # the float32 side's choice: by default PyTorch multiplies float32 matrices in full float32
 # precision, without tensor cores. On Ampere and later GPUs,
-# `torch.backends.cuda.matmul.allow_tf32 = True` lets them run as TF32 on tensor cores too,
-# and against that fair float32 the gain of 16 bits is far smaller (on an NVIDIA H100, an MLP
-# step of hidden size 4096 at batch 8192: bfloat16 6.5× plain float32, but 1.55× TF32). On a
+# `torch.set_float32_matmul_precision("high")` lets them run as TF32 on tensor cores too, and
+# against that fair float32 the gain of 16 bits is far smaller: the cell's last line measures
+# it on a GPU (on the same H200, TF32 made the wide float32 step 5.8× faster, and autocast was
+# then 1.9× the TF32 speed, not 11×; on an NVIDIA H100, an MLP step of hidden size 4096 at
+# batch 8192: bfloat16 6.5× plain float32, but 1.55× TF32). On a
 # CPU without 16-bit instructions bfloat16 is emulated and there may be no win at any size.
 # The memory column follows the same logic: autocast also keeps 16-bit *copies of the weights* for backward (bfloat16 on
 # the CPU, float16 on CUDA by default), which at batch 64 are much of what is kept, so the

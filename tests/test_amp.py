@@ -110,6 +110,17 @@ def test_forward_runs_in_16_bits_and_weights_stay_float32(device):
 
 
 @pytest.mark.parametrize("device", DEVICES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_the_dtype_argument_chooses_autocasts_type(device, dtype):
+    model, (x, y) = make_model(device), make_batch(device)
+    seen = []
+    model[0].register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    amp_train_step(model, optimizer, torch.nn.MSELoss(), x, y, dtype=dtype)
+    assert seen == [dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=str)
 def test_amp_step_matches_a_float32_step(device):
     start, (x, y) = make_model(device), make_batch(device)
     model, twin = copy.deepcopy(start), copy.deepcopy(start)

@@ -312,9 +312,52 @@ def test_the_generator_is_compared_by_its_fields_not_its_padding():
         return generator_state(torch.frombuffer(raw, dtype=torch.uint8))
 
     assert fields(padded) == generator_state(tensor)
-    drawn = bytearray(state)
-    drawn[8] ^= 1  # `left`: how many numbers remain before the engine turns over
-    assert generator_change(generator_state(tensor), fields(drawn)) == "advanced"
+    unused = bytearray(state)
+    unused[5016:5024] = unused[5032:5040] = b"\x01" * 8  # normal_x and normal_rho: no longer read
+    assert fields(unused) == generator_state(tensor)
     reseeded = bytearray(state)
     reseeded[0] ^= 1
     assert generator_change(generator_state(tensor), fields(reseeded)).startswith("reseeded")
+
+
+@pytest.mark.parametrize(
+    ("draw", "said"),
+    [
+        (lambda: torch.rand(1), "advanced (numbers drawn from it)"),
+        (lambda: torch.randn(1), "advanced (numbers drawn from it)"),
+        (lambda: torch.get_rng_state(), None),
+        (lambda: torch.manual_seed(5), "reseeded"),
+        (lambda: None, None),
+    ],
+)
+def test_the_generator_change_is_said_in_words(draw, said):
+    """What a call did to the generator, in words: numbers drawn, or a new seed."""
+    from forge_course.observe.generator import generator_change, generator_state
+
+    torch.manual_seed(4)
+    before = generator_state(torch.get_rng_state())
+    draw()
+    after = generator_state(torch.get_rng_state())
+    if said is None:
+        assert before == after
+    else:
+        assert before != after and generator_change(before, after).startswith(said)
+
+
+def test_a_used_cached_normal_sample_is_a_change_and_a_stale_one_is_not():
+    """The scalar normal path caches its second sample (flag set): using it changes what the
+    generator gives next. With the flag clear, the cached value's bytes are not state."""
+    from forge_course.observe.generator import generator_change, generator_state
+
+    state = bytearray(torch.get_rng_state().numpy().tobytes())
+    state[5040:5044] = (1).to_bytes(4, "little")  # normal_is_valid
+    cached = generator_state(torch.frombuffer(bytes(state), dtype=torch.uint8))
+    used = bytearray(state)
+    used[5040:5044] = bytes(4)
+    stale = bytearray(used)
+    stale[5024:5032] = b"\x07" * 8  # normal_y, with its flag clear
+    as_fields = lambda raw: generator_state(torch.frombuffer(bytes(raw), dtype=torch.uint8))  # noqa: E731
+    assert as_fields(used) == as_fields(stale)
+    assert generator_change(cached, as_fields(used)) == (
+        "advanced (its cached normal sample used or made)"
+    )

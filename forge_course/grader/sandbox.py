@@ -185,8 +185,13 @@ def _python_mounts() -> list[str]:
 
 
 def _gpu_nodes() -> list[Path]:
-    """NVIDIA's device nodes, where the machine has them."""
-    return sorted(Path("/dev").glob("nvidia*"))
+    """NVIDIA's device nodes, where the machine has them, those in its folders included
+    (/dev/nvidia-caps): each is bound on its own, so that the folder is the sandbox's, in its
+    read-only /dev, and not the host's, which a job running as the host's root could write."""
+    nodes = []
+    for path in sorted(Path("/dev").glob("nvidia*")):
+        nodes += sorted(path.iterdir()) if path.is_dir() else [path]
+    return nodes
 
 
 def copy_devices(folder: Path) -> Path | None:
@@ -200,11 +205,12 @@ def copy_devices(folder: Path) -> Path | None:
         return None
     folder.mkdir()
     for node in [Path("/dev", name) for name in DEVICES] + _gpu_nodes():
-        kind = os.stat(node)
+        kind, copy = os.stat(node), folder / node.relative_to("/dev")
         if statmod.S_ISCHR(kind.st_mode):
-            os.mknod(folder / node.name, statmod.S_IFCHR, kind.st_rdev)
-            os.chown(folder / node.name, NOBODY, NOBODY)
-            os.chmod(folder / node.name, 0o666)  # as bwrap's own (mknod's mode obeys the umask)
+            copy.parent.mkdir(exist_ok=True)
+            os.mknod(copy, statmod.S_IFCHR, kind.st_rdev)
+            os.chown(copy, NOBODY, NOBODY)
+            os.chmod(copy, 0o666)  # as bwrap's own (mknod's mode obeys the umask)
     return folder
 
 
@@ -213,7 +219,7 @@ def _device_mounts(copies: Path | None) -> list[str]:
     /dev), and every node bound from its copy in ``copies`` where there is one."""
     args = []
     for node in [Path("/dev", name) for name in DEVICES] + _gpu_nodes():
-        copy = copies / node.name if copies else None
+        copy = copies / node.relative_to("/dev") if copies else None
         if copy is not None and copy.exists():
             args += ["--dev-bind", str(copy), str(node)]
         elif node.name not in DEVICES:  # bwrap's --dev binds those itself

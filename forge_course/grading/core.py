@@ -445,6 +445,11 @@ class Exercise:
         """The reference's observation of ``case``."""
         return self._observed("reference", self.reference, case)
 
+    def expected_of(self, reference: Callable, case: dict, variant: str) -> Observation:
+        """The observation of ``case`` by another reference, ``variant`` naming it (a
+        ``prepare`` that accepts a second correct answer compares with it)."""
+        return self._observed(f"reference, {variant}", reference, case)
+
     def judge(self, case: dict, got: Observation) -> None:
         """Raise a `Mistake` unless ``got``, observed on ``case``, matches the reference."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours

@@ -86,6 +86,7 @@ def amp_train_step(
     y: torch.Tensor,
     scaler: torch.amp.GradScaler | None = None,
     max_grad_norm: float | None = None,
+    dtype: torch.dtype | None = None,
 ) -> float:
     """One optimizer update with the forward pass and loss under autocast.
 
@@ -97,13 +98,15 @@ def amp_train_step(
         y: the targets.
         scaler: the run's ``GradScaler`` (from `make_scaler`), or ``None`` for plain backward.
         max_grad_norm: if given, the (unscaled) gradient's total 2-norm is clipped to it.
+        dtype: the 16-bit type autocast runs in; `autocast_dtype` of ``x``'s device if None
+            (pass ``torch.bfloat16`` on a GPU that runs it: then no scaler is needed).
 
     Returns:
         The batch's loss as a Python float. With a scaler the update may have been skipped; see
         `step_was_skipped`.
     """
     optimizer.zero_grad()
-    with torch.autocast(x.device.type, dtype=autocast_dtype(x.device)):
+    with torch.autocast(x.device.type, dtype=dtype or autocast_dtype(x.device)):
         loss = loss_fn(model(x), y)
     # Backward runs outside autocast: each operation's backward uses the type its forward used.
     if scaler is None:
