@@ -268,8 +268,25 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _run_job(job: dict, write_fd: int, own_pid_namespace: bool) -> None:
-    """In the child: the set-up cell, the learner's cell, then the observations."""
+def _task_count() -> int:
+    """Processes and threads in this process-id namespace, its init left out (as `Watch`
+    counts them)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and entry != "1":
+            with (
+                contextlib.suppress(OSError, ValueError, IndexError),
+                open(f"/proc/{entry}/stat") as f,
+            ):
+                count += int(f.read().rsplit(")", 1)[1].split()[17])  # num_threads
+    return count
+
+
+def _run_job(job: dict, write_fd: int, tasks_cap: int) -> None:
+    """In the child: the set-up cell, the learner's cell, then the observations. ``tasks_cap``:
+    the most processes and threads at once, counted here before each message where the child is
+    alone in its process-id namespace (0 elsewhere)."""
+    own_pid_namespace = bool(tasks_cap)
     import torch
 
     from forge_course.grader.codec import to_plain
@@ -292,6 +309,7 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool) -> None:
     listdir, stat_path, open_path, dup2 = os.listdir, os.stat, os.open, os.dup2
     write_only = os.O_WRONLY
     dumps, snapshot, replaced_in, evidence = json.dumps, _watched, _replaced, _evidence
+    tasks_now, stop = _task_count, signal.SIGKILL
     me, server = getpid(), os.getppid()
     channel = (fstat(write_fd).st_dev, fstat(write_fd).st_ino)
 
@@ -355,6 +373,11 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool) -> None:
         if replaced:  # checked before every message: nothing is sent from a patched world
             write_now(evidence(replaced))
             exit_now(0)
+        if tasks_cap and tasks_now() > tasks_cap:
+            # Threads the answer started may be gone before the server's watcher next looks, and
+            # neither RLIMIT_NPROC (a grader running as root) nor a control group (none, or
+            # read-only) may hold them: what the answer holds as it reports is over the limit.
+            kill(me, stop)
         write_now(dumps(message, allow_nan=False) + "\n")
 
     try:
@@ -410,7 +433,7 @@ def _child(
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
         _cap_gpu_memory(limits.get("gpu_memory_mb", 0))
         os.chdir(workdir)
-        _run_job(job, write_fd, own_pid_namespace)
+        _run_job(job, write_fd, own_pid_namespace and limits["tasks"])
     except BaseException:  # noqa: BLE001  (whatever happens, never return into the server)
         code = 1
     finally:
@@ -599,10 +622,15 @@ def _kill_leftovers(own_pid_namespace: bool) -> None:
     if not own_pid_namespace:
         return
     mine = {1, os.getpid()}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in mine:
+    for _ in range(100):  # a fork bomb forks behind one pass: again, until none is left
+        left = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+        left = [pid for pid in left if pid not in mine]
+        if not left:
+            return
+        for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)  # for the sandbox's init to reap them
 
 
 def _clear(folder: str, mode: int) -> None:

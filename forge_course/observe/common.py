@@ -52,14 +52,16 @@ def alone(grade_id: str):
     started since the answer began, however it was made (in the body, or before it to wait
     for work), is a `Mistake`: the kernel's count of process ids in the worker's namespace,
     which the job cannot write, says so."""
-    yield
-    if TASKS_BEFORE_ANSWER is not None and last_task() != TASKS_BEFORE_ANSWER:
-        raise Mistake(
-            grade_id,
-            "your code started a thread or a process, and the check watches how your answer "
-            "runs: it cannot see into those, so it cannot grade the answer. Do the work in the "
-            "calling thread.",
-        )
+    try:
+        yield
+    finally:  # also when the answer failed: it may have failed in the thread it started
+        if TASKS_BEFORE_ANSWER is not None and last_task() != TASKS_BEFORE_ANSWER:
+            raise Mistake(  # noqa: B012
+                grade_id,
+                "your code started a thread or a process, and the check watches how your "
+                "answer runs: it cannot see into those, so it cannot grade the answer. Do the "
+                "work in the calling thread.",
+            )
 
 
 _guard: Callable[[Callable], AbstractContextManager] = lambda fn: nullcontext()
