@@ -261,6 +261,14 @@ def test_a_worker_that_ended_between_submissions_is_replaced_not_blamed():
 
 FLOOD = (  # 256 MB without a newline, to stdout, stderr or every pipe the job holds (its channel)
     "import os\nchunk = b'x' * (1 << 20)\n"
+    "def pipes_held_once():  # a CUDA driver's own pipes hold both of their ends: not those\n"
+    "    links = {{}}\n"
+    "    for n in map(int, os.listdir('/proc/self/fd')):\n"
+    "        try:\n            links[n] = os.readlink(f'/proc/self/fd/{{n}}')\n"
+    "        except OSError:\n            pass\n"
+    "    held = list(links.values())\n"
+    "    return [n for n, link in links.items()\n"
+    "            if n > 2 and link.startswith('pipe:') and held.count(link) == 1]\n"
     "for _ in range(256):\n"
     "    for fd in {fds}:\n"
     "        try:\n            os.write(fd, chunk)\n"
@@ -268,7 +276,7 @@ FLOOD = (  # 256 MB without a newline, to stdout, stderr or every pipe the job h
 )
 
 
-@pytest.mark.parametrize("fds", ["(1,)", "(2,)", "range(3, 20)"])
+@pytest.mark.parametrize("fds", ["(1,)", "(2,)", "pipes_held_once()"])
 def test_a_flood_of_output_is_the_submissions_limit_not_the_graders_memory(fds):
     """Whatever a job writes, printed or sent down its channel, the grader reads in bounded
     chunks and keeps a bounded amount: a flood ends that exercise as over a limit, and the

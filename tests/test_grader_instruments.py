@@ -637,6 +637,13 @@ IN_A_PROCESS = """    read, write = os.pipe()
         getattr(os, "_ex" + "it")(0)
     os.close(write)
     out.append(json.loads(os.read(read, 1 << 20)))"""
+# As on a GPU machine, where a child forked after autograd's device threads started fails at
+# backward: it sends nothing, and the answer fails on its own (an empty JSON document).
+IN_A_FAILED_PROCESS = """    read, write = os.pipe()
+    if getattr(os, "fo" + "rk")() == 0:
+        getattr(os, "_ex" + "it")(0)
+    os.close(write)
+    out.append(json.loads(os.read(read, 1 << 20)))"""
 IN_A_WAITING_THREAD = """    out.append(_pool.submit(_autograd, W, b, x, t, lr).result())"""
 POOL = """
 from concurrent.futures import ThreadPoolExecutor
@@ -669,6 +676,7 @@ ELSEWHERE = {
                          "ch04_hand_step_tests")
         for name, body, extra in [("thread", IN_A_THREAD, ""), ("raw_thread", IN_A_RAW_THREAD, ""),
                                   ("process", IN_A_PROCESS, ""),
+                                  ("failed_process", IN_A_FAILED_PROCESS, ""),
                                   ("waiting_thread", IN_A_WAITING_THREAD, POOL)]
     },
     "ch01_autograd_tape": {

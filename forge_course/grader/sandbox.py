@@ -190,7 +190,11 @@ def _gpu_nodes() -> list[Path]:
     read-only /dev, and not the host's, which a job running as the host's root could write."""
     nodes = []
     for path in sorted(Path("/dev").glob("nvidia*")):
-        nodes += sorted(path.iterdir()) if path.is_dir() else [path]
+        if not path.is_dir():
+            nodes.append(path)
+            continue
+        with contextlib.suppress(OSError):  # a folder this user may not list
+            nodes += sorted(path.iterdir())
     return nodes
 
 

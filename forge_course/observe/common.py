@@ -56,7 +56,7 @@ def alone(grade_id: str):
         yield
     finally:  # also when the answer failed: it may have failed in the thread it started
         if TASKS_BEFORE_ANSWER is not None and last_task() != TASKS_BEFORE_ANSWER:
-            raise Mistake(  # noqa: B012
+            raise Mistake(
                 grade_id,
                 "your code started a thread or a process, and the check watches how your "
                 "answer runs: it cannot see into those, so it cannot grade the answer. Do the "
