@@ -315,7 +315,7 @@ def test_grading_refuses_to_run_without_a_sandbox_unless_told(monkeypatch, tmp_p
 
 # One student controlling the next: a warm worker grades one submission after another, so
 # whatever the first leaves in its sandbox (files, unreadable folders, a process that
-# outlives its job, /tmp made read-only, folders nested past the longest path) would reach
+# outlives its job, zombies, /tmp made read-only, folders nested past the longest path) would reach
 # the second. The planters leave what they
 # can; each probe, graded next by the same worker, fails its exercise if it finds any of it.
 PLANT = """import os, pkgutil, sys, time
@@ -343,6 +343,25 @@ for _ in range(25):  # past the longest path (4096 bytes) that a folder's name m
     os.chdir('forge-planted-deep' + 'x' * 200)
 open('answer', 'w').write('42')
 os.chdir(here)
+"""
+# The job replaces itself with a fresh interpreter (no audit hook, the job's pid, still the
+# server's child), which makes processes the server's children too (clone's CLONE_PARENT): each
+# burns CPU and exits, a zombie until the server reaps it, seen in /proc by every later job.
+ZOMBIES = """import pkgutil, sys
+CODE = '''
+import ctypes, os, time
+libc = ctypes.CDLL(None)
+libc.syscall.restype = ctypes.c_long
+for _ in range(40):
+    if libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0) == 0:  # clone(CLONE_PARENT | SIGCHLD)
+        end = time.process_time() + 0.1
+        while time.process_time() < end:
+            pass
+        os._exit(0)
+time.sleep(3)
+os._exit(0)
+'''
+pkgutil.resolve_name('os.execv')(sys.executable, [sys.executable, '-I', '-c', CODE])
 """
 PROBE = """import os, time
 time.sleep(0.3)
@@ -373,12 +392,14 @@ def test_one_student_leaves_nothing_for_the_next(tmp_path):
     submit(submitted, "d_probe", {HAND: PROBE + solved})
     submit(submitted, "e_nester", {HAND: NEST + solved})
     submit(submitted, "f_probe", {HAND: PROBE + solved})
+    submit(submitted, "g_zombies", {HAND: ZOMBIES + solved})
+    submit(submitted, "h_probe", {HAND: PROBE + solved, TRAIN: PROBE + _solved(TRAIN)})
     # One job at a time: one warm worker grades them in this order.
     outcomes = run.grade([CH], submitted=submitted, grading=tmp_path / "grading", jobs=1,
                          limits=LIMITS, progress=False, seed=1234)  # fmt: skip
     for planter, test in [("a_planter", TRAIN_TEST), ("e_nester", HAND_TEST)]:
         assert outcomes[(planter, CH)][test]["status"] == "graded"  # it planted all it meant to
-    for probe in ("b_probe", "d_probe", "f_probe"):
+    for probe in ("b_probe", "d_probe", "f_probe", "h_probe"):
         results = outcomes[(probe, CH)]
         assert all(r["status"] == "graded" for r in results.values()), results
     assert not subprocess.run(["pgrep", "-f", "forge-planted"], capture_output=True).stdout

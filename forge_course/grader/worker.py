@@ -24,7 +24,7 @@ writing ``{"ran": true}`` or ``{"error": ...}``, one ``{"case": i, "observation"
 ``{"done": true}`` to a pipe of its own. When the child has exited and every process it left
 behind is killed, the server answers ``{"id": 3, "output": "<the pipe's text>", "exit": code,
 "limit": "<the total it went over, or nothing>", "peaks": {<the most it used of each: Watch>},
-"restart": <true where it could not empty /tmp or /dev/shm: it then exits>}``.
+"restart": <true where it could not empty /tmp or /dev/shm, or end what the job started: it then exits>}``.
 The verdict is reached by the grader, never here.
 
 What learner code does that the audit hook refuses (memory searches, trace hooks, native
@@ -278,7 +278,8 @@ def _task_count(listdir=os.listdir, read=open) -> int:
                 contextlib.suppress(OSError, ValueError, IndexError),
                 read(f"/proc/{entry}/stat") as f,
             ):
-                count += int(f.read().rsplit(")", 1)[1].split()[17])  # num_threads
+                fields = f.read().rsplit(")", 1)[1].split()
+                count += int(fields[17]) if fields[0] != "Z" else 0  # num_threads; no zombie
     return count
 
 
@@ -456,20 +457,20 @@ def _cap_gpu_memory(megabytes: int) -> None:
     torch.cuda._lazy_call(cap)
 
 
-def _reap(pid: int, channel: _Drain, printed: _Drain, watch: Watch) -> tuple[str, int, str]:
-    """Wait for the child, kill what it left behind, and return its channel's text, exit code
-    and the limit it went over ("" when none)."""
+def _reap(pid: int, channel: _Drain, printed: _Drain, watch: Watch) -> tuple[str, int, str, bool]:
+    """Wait for the child, kill what it left behind, and return its channel's text, exit code,
+    the limit it went over ("" when none) and whether nothing it started is left."""
 
     def flooded() -> str:
         return channel.over("sent to the grader") or printed.over("printed to stdout and stderr")
 
     status, over = watch.wait(pid, flooded)
-    _kill_leftovers(watch.own_pid_namespace)
+    all_gone = _kill_leftovers(watch.own_pid_namespace)
     for drain in (channel, printed):
         drain.join(timeout=2)  # a writer that escaped the kill cannot hold the answer back
     over = over or flooded()
     output = "" if over else b"".join(channel.chunks).decode("utf-8", "replace")
-    return output, os.waitstatus_to_exitcode(status), over
+    return output, os.waitstatus_to_exitcode(status), over, all_gone
 
 
 class _Drain(threading.Thread):
@@ -591,7 +592,8 @@ class Watch:
             with contextlib.suppress(OSError, ValueError, IndexError):
                 with open(f"/proc/{entry}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                now["processes"] += int(fields[17])  # num_threads
+                if fields[0] != "Z":  # a zombie holds no thread, only its exit status
+                    now["processes"] += int(fields[17])  # num_threads
                 if int(entry) != server:
                     ticks += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
                     now["memory_mb"] += int(fields[21]) * self.page_mb  # rss, in pages
@@ -615,22 +617,29 @@ class Watch:
         return next((text.format(limit) for value, limit, text in checks if value > limit), "")
 
 
-def _kill_leftovers(own_pid_namespace: bool) -> None:
+def _kill_leftovers(own_pid_namespace: bool) -> bool:
     """Alone in a process-id namespace, every process but its init (1) and this server is the
-    child's: kill them all, whatever group or session they moved to. Elsewhere they share the
-    server's process group, which the grader kills when the submission is done."""
+    child's: kill them all, whatever group or session they moved to, and say whether none is
+    left. Elsewhere they share the server's process group, which the grader kills when the
+    submission is done."""
     if not own_pid_namespace:
-        return
+        return True
     mine = {1, os.getpid()}
     for _ in range(100):  # a fork bomb forks behind one pass: again, until none is left
+        # Those the answer made this server's children (clone's CLONE_PARENT, from a process
+        # that replaced the job with exec) are its to reap: left, they would stay as zombies.
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
         left = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
         left = [pid for pid in left if pid not in mine]
         if not left:
-            return
+            return True
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)  # for the sandbox's init to reap them
+        time.sleep(0.01)  # for the sandbox's init to reap the others
+    return False
 
 
 def _clear(folder: str, mode: int) -> None:
@@ -734,16 +743,17 @@ def serve(limits: dict, own_pid_namespace: bool) -> int:
             _child(job, write_fd, print_write, reply.fileno(), limits, workdir, own_pid_namespace)
         os.close(write_fd)
         os.close(print_write)
-        output, code, over = _reap(pid, channel, printed, watch)
+        output, code, over, all_gone = _reap(pid, channel, printed, watch)
         for folder in folders:
             _clear(folder, modes[folder])
-        # What could not be cleared (folders nested past the longest path, say) ends this
-        # worker: the grader starts a fresh sandbox for the next job.
-        left = [f for f in folders if not _holds_no_more(f, found_first[f])]
+        # What could not be cleared (folders nested past the longest path, a process that
+        # would not end) ends this worker: the grader starts a fresh sandbox for the next job.
+        uncleared = [f for f in folders if not _holds_no_more(f, found_first[f])]
+        restart = bool(uncleared) or not all_gone
         answer = {"id": job["id"], "output": output, "exit": code, "limit": over,
-                  "peaks": watch.peaks, "restart": bool(left)}  # fmt: skip
+                  "peaks": watch.peaks, "restart": restart}  # fmt: skip
         reply.write(json.dumps(answer) + "\n")
-        if left:
+        if restart:
             return 0
     return 0
 
