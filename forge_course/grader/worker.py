@@ -24,8 +24,8 @@ writing ``{"ran": true}`` or ``{"error": ...}``, one ``{"case": i, "observation"
 ``{"done": true}`` to a pipe of its own. When the child has exited and every process it left
 behind is killed, the server answers ``{"id": 3, "output": "<the pipe's text>", "exit": code,
 "limit": "<the total it went over, or nothing>", "peaks": {<the most it used of each: Watch>},
-"restart": <true where it could not empty /tmp or /dev/shm, or end what the job started: it then exits>}``.
-The verdict is reached by the grader, never here.
+"restart": <true where it could not empty /tmp or /dev/shm, or end what the job started: it
+then exits>}``. The verdict is reached by the grader, never here.
 
 What learner code does that the audit hook refuses (memory searches, trace hooks, native
 libraries loaded by name, frames of the call stack, a function's code replaced) is written to
