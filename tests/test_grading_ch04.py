@@ -356,7 +356,7 @@ def test_a_used_cached_normal_sample_is_a_change_and_a_stale_one_is_not():
     used[5040:5044] = bytes(4)
     stale = bytearray(used)
     stale[5024:5032] = b"\x07" * 8  # normal_y, with its flag clear
-    as_fields = lambda raw: generator_state(torch.frombuffer(bytes(raw), dtype=torch.uint8))  # noqa: E731
+    as_fields = lambda raw: generator_state(torch.frombuffer(bytes(raw), dtype=torch.uint8))
     assert as_fields(used) == as_fields(stale)
     assert generator_change(cached, as_fields(used)) == (
         "advanced (its cached normal sample used or made)"
