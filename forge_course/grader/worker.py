@@ -283,11 +283,10 @@ def _task_count(listdir=os.listdir, read=open) -> int:
     return count
 
 
-def _run_job(job: dict, write_fd: int, tasks_cap: int) -> None:
+def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) -> None:
     """In the child: the set-up cell, the learner's cell, then the observations. ``tasks_cap``:
-    the most processes and threads at once, counted here before each message where the child is
-    alone in its process-id namespace (0 elsewhere)."""
-    own_pid_namespace = bool(tasks_cap)
+    the most processes and threads at once, counted before each message where the child is
+    alone in its process-id namespace."""
     import torch
 
     from forge_course.grader.codec import to_plain
@@ -374,7 +373,7 @@ def _run_job(job: dict, write_fd: int, tasks_cap: int) -> None:
         if replaced:  # checked before every message: nothing is sent from a patched world
             write_now(evidence(replaced))
             exit_now(0)
-        if tasks_cap and tasks_now() > tasks_cap:
+        if own_pid_namespace and tasks_now() > tasks_cap:
             # Threads the answer started may be gone before the server's watcher next looks, and
             # neither RLIMIT_NPROC (a grader running as root) nor a control group (none, or
             # read-only) may hold them: what the answer holds as it reports is over the limit.
@@ -434,7 +433,7 @@ def _child(
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
         _cap_gpu_memory(limits.get("gpu_memory_mb", 0))
         os.chdir(workdir)
-        _run_job(job, write_fd, own_pid_namespace and limits["tasks"])
+        _run_job(job, write_fd, own_pid_namespace, limits["tasks"])
     except BaseException:  # noqa: BLE001  (whatever happens, never return into the server)
         code = 1
     finally:
