@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import sysconfig
+import threading
 
 USAGE = """usage: forge-course COMMAND [ARGS]
 
@@ -23,6 +25,20 @@ commands:
                           (default: every graded chapter); options: --submitted DIR,
                           --gradebook (read nbgrader's gradebook, not the ledger)
 """
+
+
+# The exit status of a run stopped by Ctrl-C or SIGTERM (a shell's for a command ended by Ctrl-C).
+STOPPED = 130
+
+
+def _stop_on(signum: int) -> None:
+    """Make ``signum`` stop the command as Ctrl-C does: cleanly, with what is done kept."""
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signum, interrupt)
 
 
 def with_own_scripts_on_path() -> None:
@@ -107,6 +123,7 @@ def _grade(argv: list[str]) -> int:
     limits = sandbox.Limits(**{k: v for k, v in chosen.items() if v is not None})
     where = f"the Dask cluster at {args.cluster}" if args.cluster else sandbox.isolation()
     print(f"Isolation: {where}", flush=True)
+    _stop_on(signal.SIGTERM)  # as Ctrl-C: a batch system's time limit, or `kill`
     try:
         outcomes = run.grade(
             args.assignments or None,
@@ -122,6 +139,14 @@ def _grade(argv: list[str]) -> int:
     except (run.SandboxUnavailable, sandbox.SandboxError) as err:
         print(f"forge-course grade: {err}", file=sys.stderr)
         return 2
+    except run.Stopped as stop:
+        again = "the same command without --force" if args.force else "the same command"
+        print(f"forge-course grade: {stop}; the ledger keeps them: run {again} to grade the "
+              "rest.", file=sys.stderr)  # fmt: skip
+        return STOPPED
+    except KeyboardInterrupt:
+        print("forge-course grade: stopped before grading began.", file=sys.stderr)
+        return STOPPED
     statuses = Counter(r["status"] for results in outcomes.values() for r in results.values())
     print(
         f"Graded {len(outcomes)} submission(s): "

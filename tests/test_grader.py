@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,65 @@ def test_shipped_examples_get_their_statuses_scores_feedback_and_csv(grading):
 
     again = run.grade(submitted=EXAMPLES, limits=LIMITS, progress=False, unsafe=True)
     assert again == outcomes, "a second run must resume from the ledger and change nothing"
+
+
+@pytest.mark.slow
+def test_a_stopped_run_ends_its_jobs_at_once_keeps_what_is_done_and_leaves_nothing(tmp_path):
+    """SIGTERM (a batch system's time limit, `kill`), then Ctrl-C, while erin's endless loop runs
+    under a 10-minute limit: each run ends at once with exit status 130 and says how to go on,
+    removes its sandboxes and temporary folders, and records nothing the stop cut short; the
+    next run grades only what is missing."""
+    grading, scratch = tmp_path / "grading", tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "FORGE_GRADING_DIR": str(grading), "TMPDIR": str(scratch),
+           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # fmt: skip
+    command = [sys.executable, "-m", "forge_course.cli", "grade", "--submitted", str(EXAMPLES),
+               "--jobs", "1"]  # fmt: skip
+    if sandbox.isolation() != "bubblewrap":
+        command.append("--unsafe")
+    ledger = grading / "forge" / CH
+    kept = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        # One job at a time, in name order: alice to dave are recorded, then erin's loop runs.
+        started = subprocess.Popen([*command, "--timeout", "600"], env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        while len(list(ledger.glob("*.json"))) < 4 or not _processes_naming(scratch):
+            assert started.poll() is None, started.communicate()
+            time.sleep(0.1)
+        time.sleep(2)  # erin's job is under way (or its worker starting)
+        started.send_signal(signum)
+        _, said = started.communicate(timeout=60)
+        assert started.returncode == 130, said[-2000:]
+        assert "stopped after 4 of 6 submission(s)" in said and "the same command" in said, said
+        left = [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")]
+        assert left == [], "the stopped run left its temporary folders"  # (torch's cache stays)
+        assert _processes_naming(scratch) == [], "the stopped run left processes"
+        recorded = {p.name: p.stat().st_mtime_ns for p in ledger.glob("*.json")}
+        assert len(recorded) == 4 and kept in ({}, recorded), "only what was done is recorded"
+        kept = recorded
+
+    finished = subprocess.run([*command, "--timeout", "5"], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    recorded = {p.name: p.stat().st_mtime_ns for p in ledger.glob("*.json")}
+    assert len(recorded) == 6 and all(recorded[name] == t for name, t in kept.items())
+    statuses = {}
+    for row in csv.DictReader((grading / "grades.csv").open()):
+        statuses.setdefault(row["student"], []).append(row["status"])
+    assert {s: sorted(v) for s, v in statuses.items()} == {
+        s: sorted(v) for s, v in EXPECTED.items()
+    }
+
+
+def _processes_naming(path: Path) -> list[str]:
+    """Command lines of the processes still running that name ``path``."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            line = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if str(path) in line:
+                found.append(line)
+    return found
 
 
 def _nbgrader(*args):

@@ -83,6 +83,11 @@ class Cluster:
         )
         return future.result()
 
+    def stop(self) -> None:
+        """The run is stopping: its submissions under way are given up (their futures
+        cancelled with the client), and graded by the next run."""
+        self.client.close()
+
     def close(self) -> None:
         self.client.close()
 

@@ -59,6 +59,15 @@ from forge_course.release import REPO, build_sources, chapter_ids
 PACKAGE = Path(__file__).resolve().parents[1]
 
 
+class Stopped(Exception):
+    """The run was stopped (Ctrl-C, SIGTERM): ``graded`` of ``total`` submissions are in the
+    ledger, and a run without ``--force`` grades the rest."""
+
+    def __init__(self, graded: int, total: int):
+        super().__init__(f"stopped after {graded} of {total} submission(s)")
+        self.graded, self.total = graded, total
+
+
 class SandboxUnavailable(RuntimeError):
     """No sandbox on this machine, and the instructor did not say --unsafe."""
 
@@ -310,6 +319,7 @@ def _grade_class(work, course_root, grading, graders, seed, jobs, force, progres
     _write_id_map(grading, ids)
     shared = _shared_ids(ids)
     work = list({(ids[w[0]], w[1]): w for w in sorted(work)}.values())  # one per id: `shared`
+    stopping = threading.Event()
 
     def one(name: str, assignment_id: str, folder: Path) -> tuple[str, str, dict, Path | None]:
         student = ids[name]
@@ -334,6 +344,8 @@ def _grade_class(work, course_root, grading, graders, seed, jobs, force, progres
         except Exception as err:  # noqa: BLE001  (one submission's failure stays its own)
             message = f"The grader failed on this submission: {_what_failed(err)}"
             results = _everything(loaded[assignment_id], "grader error", message)
+        if stopping.is_set():  # the stop may have ended its jobs: the next run grades it
+            raise _Refused("the run was stopped")
         if key is not None:  # recorded, so a resumed run does not stop on it again
             ledger.write(assignment_id, student, key, results)
         return student, assignment_id, results, path
@@ -346,25 +358,34 @@ def _grade_class(work, course_root, grading, graders, seed, jobs, force, progres
         bar = tqdm(total=len(work), unit="submission", desc="grading")
     with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
         futures = [pool.submit(one, *w) for w in work]
-        for future in as_completed(futures):
-            student, assignment_id, results, path = future.result()
-            try:
-                _record(
-                    grading,
-                    assignment_id,
-                    student,
-                    {c: CellResult(**r) for c, r in results.items()},
-                )
-                _feedback(grading, assignment_id, student, results)
-                _autograded(grading, assignment_id, student, path, results)
-            except Exception as err:  # noqa: BLE001
-                message = f"The grader could not record this submission: {_what_failed(err)}"
-                results = _everything(loaded[assignment_id], "grader error", message)
-            outcomes[(student, assignment_id)] = results
-            if bar is not None:
-                bar.update()
+        try:
+            for future in as_completed(futures):
+                student, assignment_id, results, path = future.result()
+                try:
+                    _record(
+                        grading,
+                        assignment_id,
+                        student,
+                        {c: CellResult(**r) for c, r in results.items()},
+                    )
+                    _feedback(grading, assignment_id, student, results)
+                    _autograded(grading, assignment_id, student, path, results)
+                except Exception as err:  # noqa: BLE001
+                    message = f"The grader could not record this submission: {_what_failed(err)}"
+                    results = _everything(loaded[assignment_id], "grader error", message)
+                outcomes[(student, assignment_id)] = results
+                if bar is not None:
+                    bar.update()
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the command line's handler)
+            stopping.set()
+            for future in futures:
+                future.cancel()
+            graders.stop()  # the jobs under way end now, not at their time limits
     if bar is not None:
         bar.close()
+    if stopping.is_set():  # each submission whose thread returned is in the ledger
+        kept = [f for f in futures if not f.cancelled() and f.exception() is None]
+        raise Stopped(len(kept), len(work))
     _write_csv(grading / "grades.csv", outcomes, seed)
     return outcomes
 
@@ -379,6 +400,7 @@ class _Workers:
         self.idle: list[sandbox.Session] = []
         self.all: list[sandbox.Session] = []
         self.lock = threading.Lock()
+        self.stopped = False
 
     @contextmanager
     def one(self):
@@ -388,6 +410,8 @@ class _Workers:
             box = self.start()
             with self.lock:
                 self.all.append(box)
+        if self.stopped:  # made while the run stopped: `stop` did not see it
+            box.interrupt()
         try:
             yield box
         finally:
@@ -397,6 +421,14 @@ class _Workers:
     def grade(self, assignment: assignments.Assignment, path: Path | None, seed: int) -> dict:
         with self.one() as box:
             return as_dict(grade_notebook(assignment, path, box, seed))
+
+    def stop(self) -> None:
+        """End every job under way now (from the run's thread, while others grade)."""
+        with self.lock:
+            self.stopped = True
+            boxes = list(self.all)
+        for box in boxes:
+            box.interrupt()
 
     def close(self) -> None:
         for box in self.all:

@@ -360,6 +360,7 @@ class Session:
         self._idle = cgroup.make(limits.processes, limits.memory_mb)  # between submissions
         self._groups: list[Path] = []
         self._jobs = 0
+        self._interrupted = False
         self.begin()
 
     def begin(self) -> None:
@@ -425,6 +426,8 @@ class Session:
             ready = None
         if not (ready and ready.startswith('{"ready": true}')):
             self._stop()
+            if self._interrupted:
+                return
             said = self._said.decode("utf-8", "replace").strip()[-2000:] or "nothing"
             raise SandboxError(f"the grading sandbox did not start ({self.mode}); it said: {said}")
         self._move(self._groups)
@@ -440,6 +443,14 @@ class Session:
             preexec_fn=_start_in(self._idle or self._groups),
             pass_fds=fds,
         )
+
+    def interrupt(self) -> None:
+        """From another thread: end the job under way now, and run no other (a run stopping)."""
+        self._interrupted = True
+        process = self.process  # set before `run` looks at the flag: one of the two sees the other
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
 
     def _stop(self) -> None:
         if self.process is not None:
@@ -461,8 +472,14 @@ class Session:
             return Outcome([], "timeout", detail)
         if self._cpu_over():
             return Outcome([], "resource limit", self._cpu_detail())
+        stopped = Outcome([], "crashed", "the run was stopped")
+        if self._interrupted:
+            return stopped
         if self.process is None:
             self._start()
+            if self._interrupted:  # while it started: `interrupt` may not have seen it
+                self._stop()
+                return stopped
         budget = min(self.limits.seconds, left)
         self._jobs += 1
         # The CPU time already spent goes with the job: a fresh worker still counts it.
