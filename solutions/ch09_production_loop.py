@@ -51,7 +51,9 @@ from forge_course.sims.display import PALETTE
 torch.set_num_threads(1)  # the replayed processes use one thread; so does this kernel
 device = pick_device()
 print("Running on", describe(device))
-work = Path(tempfile.mkdtemp(prefix="ch09-"))  # checkpoints and logs of this session go here
+# Checkpoints and logs of this session go here; the folder is removed when the kernel stops.
+work_folder = tempfile.TemporaryDirectory(prefix="ch09-")
+work = Path(work_folder.name)
 
 # %% [markdown]
 # ## The running example
