@@ -58,9 +58,10 @@ def chapter_imports(chapter: str) -> dict:
 
     from forge_course.grader.assignment import load
 
-    folder = Path(tempfile.mkdtemp(prefix="learner-alone-"))
-    release.build_sources(release.REPO, folder, [chapter])
-    scope = load(chapter, folder / chapter / f"{chapter}.ipynb").settings()
+    with tempfile.TemporaryDirectory(prefix="learner-alone-") as name:
+        folder = Path(name)
+        release.build_sources(release.REPO, folder, [chapter])
+        scope = load(chapter, folder / chapter / f"{chapter}.ipynb").settings()
     nb = release.source_notebook(release.REPO / "solutions" / f"{chapter}.py")
     scope["math"] = math
     for cell in nb.cells:
