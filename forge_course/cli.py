@@ -145,7 +145,7 @@ def _grade(argv: list[str]) -> int:
               "rest.", file=sys.stderr)  # fmt: skip
         return STOPPED
     except KeyboardInterrupt:
-        print("forge-course grade: stopped before grading began.", file=sys.stderr)
+        print("forge-course grade: stopped; the ledger keeps what was graded.", file=sys.stderr)
         return STOPPED
     statuses = Counter(r["status"] for results in outcomes.values() for r in results.values())
     print(

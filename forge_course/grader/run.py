@@ -345,7 +345,7 @@ def _grade_class(work, course_root, grading, graders, seed, jobs, force, progres
             message = f"The grader failed on this submission: {_what_failed(err)}"
             results = _everything(loaded[assignment_id], "grader error", message)
         if stopping.is_set():  # the stop may have ended its jobs: the next run grades it
-            raise _Refused("the run was stopped")
+            raise _Abandoned
         if key is not None:  # recorded, so a resumed run does not stop on it again
             ledger.write(assignment_id, student, key, results)
         return student, assignment_id, results, path
@@ -433,6 +433,10 @@ class _Workers:
     def close(self) -> None:
         for box in self.all:
             box.__exit__(None, None, None)
+
+
+class _Abandoned(Exception):
+    """A submission whose grading the run's stop cut short: not recorded."""
 
 
 class _Refused(Exception):
