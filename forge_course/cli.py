@@ -31,14 +31,19 @@ commands:
 STOPPED = 130
 
 
-def _stop_on(signum: int) -> None:
-    """Make ``signum`` stop the command as Ctrl-C does: cleanly, with what is done kept."""
+def _stop_on(*signums: int) -> None:
+    """Make each of ``signums`` stop the command as Ctrl-C does, once: a second one while it
+    stops (about a second) is ignored, so nothing cuts its cleaning up short."""
+    stopping = []
 
     def interrupt(*_):
-        raise KeyboardInterrupt
+        if not stopping:
+            stopping.append(True)
+            raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signum, interrupt)
+        for signum in signums:
+            signal.signal(signum, interrupt)
 
 
 def with_own_scripts_on_path() -> None:
@@ -123,7 +128,7 @@ def _grade(argv: list[str]) -> int:
     limits = sandbox.Limits(**{k: v for k, v in chosen.items() if v is not None})
     where = f"the Dask cluster at {args.cluster}" if args.cluster else sandbox.isolation()
     print(f"Isolation: {where}", flush=True)
-    _stop_on(signal.SIGTERM)  # as Ctrl-C: a batch system's time limit, or `kill`
+    _stop_on(signal.SIGINT, signal.SIGTERM)  # Ctrl-C, `kill`, a batch system's time limit
     try:
         outcomes = run.grade(
             args.assignments or None,
