@@ -6,6 +6,7 @@ A cluster run must give the grades of a local run with the same seed, and a work
 mid-run must lose nothing: every student graded and recorded once.
 """
 
+import contextlib
 import csv
 import os
 import signal
@@ -142,6 +143,44 @@ def test_a_worker_killed_mid_run_loses_nothing(tmp_path, cluster):
     rows = list(csv.DictReader((grading / "grades.csv").open()))
     students = sorted({row["student"] for row in rows})
     assert students == [f"student_{i:02d}" for i in range(10)]
+
+
+def test_a_stopped_run_ends_its_jobs_on_the_workers(tmp_path, cluster):
+    """Ctrl-C while a Dask worker grades an endless loop under a 10-minute limit: the run ends at
+    once, and so does the job on the worker (Dask cannot end a running task; the worker ends
+    the task's sandbox), which leaves the cluster free for the next run."""
+    submitted = _class(tmp_path, 1)
+    path = submitted / "student_00" / CH / f"{CH}.ipynb"
+    looping = {"ch04_train_step": "def train_step(*args):\n    while True:\n        pass\n"}
+    nbformat.write(_submission(nbformat.read(path, as_version=4), looping), path)
+    env = {**os.environ, "FORGE_GRADING_DIR": str(tmp_path / "grading")}
+    command = [str(Path(sys.executable).with_name("forge-course")), "grade", CH, "--submitted",
+               str(submitted), "--timeout", "600", "--cluster", cluster.address]  # fmt: skip
+    started = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    with distributed.Client(cluster.address, timeout="60s") as client:
+        while not any(client.processing().values()):  # a worker has the submission
+            assert started.poll() is None, started.communicate()
+            time.sleep(0.1)
+    time.sleep(3)  # its sandbox starting, or the loop under way
+    started.send_signal(signal.SIGINT)
+    _, said = started.communicate(timeout=60)
+    assert started.returncode == 130 and "stopped after 0 of 1 submission(s)" in said, said
+    deadline = time.monotonic() + 60
+    workers = [w.pid for w in cluster.workers if w.poll() is None]
+    while any(_children(pid) for pid in workers):
+        assert time.monotonic() < deadline, "the job went on on the Dask worker"
+        time.sleep(0.2)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def test_an_unreachable_scheduler_is_one_sentence(tmp_path):

@@ -15,6 +15,7 @@ Every machine must run the same grader code: the run compares a digest of each w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -84,8 +85,10 @@ class Cluster:
         return future.result()
 
     def stop(self) -> None:
-        """The run is stopping: its submissions under way are given up (their futures
-        cancelled with the client), and graded by the next run."""
+        """The run is stopping: its submissions under way are given up, and graded by the
+        next run. Dask cannot end a running task, so each worker ends the task's jobs itself."""
+        with contextlib.suppress(Exception):  # a worker gone, or the scheduler with it
+            self.client.run(stop_remotely, self.settings["run"])
         self.client.close()
 
     def close(self) -> None:
@@ -97,6 +100,16 @@ _lock = threading.Lock()
 _state: dict = {"settings": None, "workers": None, "assignments": {}, "folder": None}
 
 
+def stop_remotely(run: str) -> None:
+    """On each Dask worker, for the stopping run ``run``: end its jobs under way. The next run
+    (another id in its settings) starts fresh sessions."""
+    with _lock:
+        _state["stopped"] = run  # and a submission of it that arrives later is not graded
+        settings, workers = _state["settings"], _state["workers"]
+    if settings is not None and settings.get("run") == run and workers is not None:
+        workers.stop()
+
+
 def grade_remotely(assignment_id: str, source: str, notebook: bytes | None, settings: dict):
     """Results of one submission as plain data, graded in this worker's warm sandboxes."""
     from forge_course.grader.run import _Workers, grader_version
@@ -104,6 +117,8 @@ def grade_remotely(assignment_id: str, source: str, notebook: bytes | None, sett
     if grader_version() != settings["grader"]:
         raise ClusterUnusable("this Dask worker runs other grader code than the run")
     with _lock:
+        if _state.get("stopped") == settings["run"]:
+            raise RuntimeError("the run was stopped")
         if _state["folder"] is None:  # on a Dask worker only: the run's side never grades here
             _state["folder"] = tempfile.TemporaryDirectory(prefix="forge-cluster-")
         scratch = _state["folder"].name

@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import threading
 import traceback
+import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -296,7 +297,7 @@ def _on_cluster(address, grading, limits, seed, device, unsafe):
     from forge_course.grader.cluster import Cluster
 
     settings = {"seed": seed, "device": device, "limits": asdict(limits), "unsafe": unsafe,
-                "grader": grader_version()}  # fmt: skip
+                "grader": grader_version(), "run": uuid.uuid4().hex}  # fmt: skip
     return Cluster(address, settings, grading / "source")
 
 
