@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -31,9 +32,10 @@ commands:
 STOPPED = 130
 
 
-def _stop_on(*signums: int) -> None:
-    """Make each of ``signums`` stop the command as Ctrl-C does, once: a second one while it
-    stops (about a second) is ignored, so nothing cuts its cleaning up short."""
+@contextlib.contextmanager
+def _stopping_on(*signums: int):
+    """Within it, each of ``signums`` stops the command as Ctrl-C does, once: a second one while
+    it stops (about a second) is ignored, so nothing cuts its cleaning up short."""
     stopping = []
 
     def interrupt(*_):
@@ -41,9 +43,15 @@ def _stop_on(*signums: int) -> None:
             stopping.append(True)
             raise KeyboardInterrupt
 
-    if threading.current_thread() is threading.main_thread():
-        for signum in signums:
-            signal.signal(signum, interrupt)
+    if threading.current_thread() is not threading.main_thread():  # only it can handle signals
+        yield
+        return
+    before = {signum: signal.signal(signum, interrupt) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def with_own_scripts_on_path() -> None:
@@ -87,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Released {len(chapters)} chapter(s) into {where}: {', '.join(chapters)}")
         return 0
     if command == "grade":
-        return _grade(rest)
+        try:
+            return _grade(rest)
+        except KeyboardInterrupt:  # before grading began (importing, building), or while it ends
+            print("forge-course grade: stopped; the ledger keeps what was graded.", file=sys.stderr)
+            return STOPPED
     if command == "report":
         return _report(rest)
     print(f"Unknown command {command!r}.\n\n{USAGE}", file=sys.stderr)
@@ -128,19 +140,19 @@ def _grade(argv: list[str]) -> int:
     limits = sandbox.Limits(**{k: v for k, v in chosen.items() if v is not None})
     where = f"the Dask cluster at {args.cluster}" if args.cluster else sandbox.isolation()
     print(f"Isolation: {where}", flush=True)
-    _stop_on(signal.SIGINT, signal.SIGTERM)  # Ctrl-C, `kill`, a batch system's time limit
     try:
-        outcomes = run.grade(
-            args.assignments or None,
-            submitted=args.submitted.resolve() if args.submitted else None,
-            jobs=args.jobs,
-            limits=limits,
-            force=args.force,
-            unsafe=args.unsafe,
-            seed=args.seed,
-            device=args.device,
-            cluster=args.cluster,
-        )
+        with _stopping_on(signal.SIGINT, signal.SIGTERM):  # Ctrl-C, `kill`, a batch time limit
+            outcomes = run.grade(
+                args.assignments or None,
+                submitted=args.submitted.resolve() if args.submitted else None,
+                jobs=args.jobs,
+                limits=limits,
+                force=args.force,
+                unsafe=args.unsafe,
+                seed=args.seed,
+                device=args.device,
+                cluster=args.cluster,
+            )
     except (run.SandboxUnavailable, sandbox.SandboxError) as err:
         print(f"forge-course grade: {err}", file=sys.stderr)
         return 2
@@ -148,9 +160,6 @@ def _grade(argv: list[str]) -> int:
         again = "the same command without --force" if args.force else "the same command"
         print(f"forge-course grade: {stop}; the ledger keeps them: run {again} to grade the "
               "rest.", file=sys.stderr)  # fmt: skip
-        return STOPPED
-    except KeyboardInterrupt:
-        print("forge-course grade: stopped; the ledger keeps what was graded.", file=sys.stderr)
         return STOPPED
     statuses = Counter(r["status"] for results in outcomes.values() for r in results.values())
     print(

@@ -79,7 +79,9 @@ STARTED = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')
   .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
 
 
-def _open_and_run_all(page, base: str, path: str, as_released: bool = True) -> None:
+def _open_and_run_all(
+    page, base: str, path: str, as_released: bool = True, patience_ms: int = 240_000
+) -> None:
     page.goto(f"{base}/lab/tree/{path}?token={TOKEN}&reset")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     # A fresh Lab may ask which kernel to start for the first notebook it opens; otherwise the
@@ -94,7 +96,26 @@ def _open_and_run_all(page, base: str, path: str, as_released: bool = True) -> N
     trust = page.locator(".jp-StatusItem-trust").first.get_attribute("title") or ""
     assert trust.startswith("Notebook trusted") or not as_released, f"the status bar: {trust!r}"
     _run_all(page)
-    page.wait_for_function(ALL_RAN, timeout=240_000)
+    from playwright.sync_api import TimeoutError as PageTimeout
+
+    try:
+        page.wait_for_function(ALL_RAN, timeout=patience_ms)
+    except PageTimeout:
+        stopped = _where_it_stopped(page, base, path)
+        raise AssertionError(f"Run All did not finish: {stopped}") from None
+
+
+def _where_it_stopped(page, base: str, path: str) -> str:
+    """The notebook saved as it stands: the first code cell that did not run, and every error
+    raised before it (a cell that raises stops Run All, and Lab draws only the cells in view)."""
+    page.keyboard.press("Control+s")
+    time.sleep(3)
+    cells = json.loads(get(f"{base}/api/contents/{path}"))["content"]["cells"]
+    code = [c for c in cells if c["cell_type"] == "code"]
+    waiting = next((c["source"][:200] for c in code if c.get("execution_count") is None), None)
+    raised = [f"{o['ename']}: {o['evalue']}"[:1000] for c in code for o in c.get("outputs", [])
+              if o["output_type"] == "error"]  # fmt: skip
+    return f"first cell not run: {waiting!r}; errors: {raised}"
 
 
 def _run_all(page) -> None:
