@@ -156,6 +156,8 @@ def test_a_stopped_run_ends_its_jobs_on_the_workers(tmp_path, cluster):
     env = {**os.environ, "FORGE_GRADING_DIR": str(tmp_path / "grading")}
     command = [str(Path(sys.executable).with_name("forge-course")), "grade", CH, "--submitted",
                str(submitted), "--timeout", "600", "--cluster", cluster.address]  # fmt: skip
+    workers = [w.pid for w in cluster.workers if w.poll() is None]
+    earlier = {child for pid in workers for child in _children(pid)}  # earlier runs' sandboxes
     started = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)  # fmt: skip
     with distributed.Client(cluster.address, timeout="60s") as client:
@@ -167,8 +169,7 @@ def test_a_stopped_run_ends_its_jobs_on_the_workers(tmp_path, cluster):
     _, said = started.communicate(timeout=60)
     assert started.returncode == 130 and "stopped after 0 of 1 submission(s)" in said, said
     deadline = time.monotonic() + 60
-    workers = [w.pid for w in cluster.workers if w.poll() is None]
-    while any(_children(pid) for pid in workers):
+    while any(set(_children(pid)) - earlier for pid in workers):
         assert time.monotonic() < deadline, "the job went on on the Dask worker"
         time.sleep(0.2)
 
