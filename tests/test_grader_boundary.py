@@ -63,6 +63,15 @@ def _answer_with(body: str) -> str:
     return STEP + indented + "    return got\n"
 
 
+# Lines written to every descriptor that may be the channel to the grader.
+FORGE = (
+    "for fd in range(3, 40):\n    try:\n        os.write(fd, b'\\n{}')\n"
+    "    except OSError:\n        pass\n"
+)
+SETUP_ERROR = '{\\"setup_error\\": \\"RuntimeError: CUDA error: the GPU of the grader\\"}\\n'
+DONE = '{\\"done\\": true}\\n'
+EXIT = "pkgutil.resolve_name('os._exit')(0)\n"  # a spelling the static scan cannot see
+
 # name -> (answers, {test: status it must end with}); tests not named must score full.
 ATTACKS = {
     # Reaching an answer: nothing of the references, the grader half or the course is inside.
@@ -108,6 +117,18 @@ ATTACKS = {
         "    try:\n        os.write(fd, b'{\"case\": 0, \"observation\": 1}\\n')\n"
         "    except OSError:\n        pass\ngot = 0.0")},
         {TRAIN_TEST: "tampered"}),
+    # A status of the grader's own claimed: a set-up error, which reads as the grader's fault,
+    # by a line on the channel, and then an exit before the worker says more.
+    "forged_setup_error": ({TRAIN: "import os\n" + _answer_with(FORGE.format(
+        SETUP_ERROR) + "got = 0.0")}, {TRAIN_TEST: "tampered"}),
+    "forged_setup_error_and_end": ({TRAIN: "import os, pkgutil\n" + _answer_with(FORGE.format(
+        SETUP_ERROR + DONE) + EXIT)}, {TRAIN_TEST: "tampered"}),
+    "forged_setup_error_for_questions": ({QUESTIONS: "import os, pkgutil\n" + FORGE.format(
+        SETUP_ERROR + DONE) + "grad_multiple, softmax_answer = 7, 'a'\n" + EXIT},
+        dict.fromkeys(["ch04_q_grad_multiple", "ch04_q_softmax"], "tampered")),
+    # A limit is told by what refused the answer, never by the words of an error it raised.
+    "limit_words_in_an_error": ({TRAIN: _answer_with(
+        "raise ValueError('MemoryError, BlockingIOError, [Errno 24]')")}, {TRAIN_TEST: "wrong"}),
     "huge_integer": ({TRAIN: _answer_with("got = 10 ** 5000")}, {TRAIN_TEST: "wrong"}),
     "deep_nesting": ({TRAIN: _answer_with(
         "got = []\nfor _ in range(5000):\n    got = [got]")}, {TRAIN_TEST: "wrong"}),

@@ -5,8 +5,11 @@ Statuses: ``graded`` (full points), ``wrong``, ``timeout``, ``resource limit``, 
 every other status says why, so no zero is silent.
 
 Everything that comes back from a worker was within reach of learner code, so each message is
-checked against the shape the worker writes (`_Reading`): one result per case, nothing after
-``done``, nothing unknown. A line the worker never writes is evidence of tampering.
+checked against the shape the worker writes (`_Reading`): first ``ready`` (or the set-up
+cell's error), written before learner code runs; then one result per case, nothing after
+``done``, nothing unknown. A line the worker never writes is evidence of tampering. A status
+never comes from the text of an error, which the answer chooses: the worker names the limit
+that refused the answer by the exception's type.
 """
 
 from __future__ import annotations
@@ -121,22 +124,24 @@ class _Reading:
         self.by_case: dict[int, dict] = {}
         self.variables: dict | None = None
         self.odd = ""
-        done = False
+        started = done = False
         for m in outcome.messages:
             if "tampered" in m:
                 names = m["tampered"] if isinstance(m["tampered"], list) else [m["tampered"]]
                 self.tampered += [clean_text(n, 200) for n in names[:20]]
                 continue
-            if done:
+            if not started:  # the worker's first line comes before any learner code runs
+                started = True
+                if _shape(m, "setup_error", str):
+                    self.setup_error, done = m["setup_error"], True
+                elif m != {"ready": True}:
+                    self.odd = "a line before the worker's first"
+            elif done:
                 self.odd = "a line after the worker's last"
             elif _shape(m, "ran", bool) or _shape(m, "error", str):
                 self.odd = self.odd or ("a second report of the cell" if self.ran else "")
                 self.ran = m
-            elif _shape(m, "setup_error", str):
-                self.setup_error = m["setup_error"]
-            elif set(m) in ({"case", "observation"}, {"case", "mistake"}) and (
-                type(m["case"]) is int and 0 <= m["case"] < cases
-            ):
+            elif _is_case(m, cases):
                 if m["case"] in self.by_case:
                     self.odd = "two results for one case"
                 self.by_case[m["case"]] = m
@@ -152,6 +157,25 @@ class _Reading:
 
 def _shape(message: dict, key: str, kind: type) -> bool:
     return set(message) == {key} and isinstance(message[key], kind)
+
+
+def _is_case(message: dict, cases: int) -> bool:
+    keys = set(message)
+    return (
+        keys in ({"case", "observation"}, {"case", "mistake"}, {"case", "mistake", "limit"})
+        and type(message["case"]) is int
+        and 0 <= message["case"] < cases
+        and isinstance(message.get("limit", ""), str)
+        and message.get("limit", "memory") in _LIMITS
+    )
+
+
+# What the worker found refused an answer (`worker._limit_of`): status and message.
+_LIMITS = {
+    "memory": "Your code ran out of memory.",
+    "processes": "Your code started too many processes.",
+    "files": "Your code opened too many files at once.",
+}
 
 
 class _Job:
@@ -204,14 +228,10 @@ class _Job:
         message = reading.by_case.get(i)
         if message is None:
             return self.result("crashed", "The worker sent no result for a case.")
+        if "limit" in message:
+            return self.result("resource limit", _LIMITS[message["limit"]])
         if "mistake" in message:
             text = str(message["mistake"])
-            if "MemoryError" in text:
-                return self.result("resource limit", "Your code ran out of memory.")
-            if "BlockingIOError" in text:  # fork refused: the process cap
-                return self.result("resource limit", "Your code started too many processes.")
-            if "[Errno 24]" in text:  # the per-process cap on open files
-                return self.result("resource limit", "Your code opened too many files at once.")
             text = text.removeprefix(f"[{self.exercise.grade_id}] ")
             text = f"[{self.exercise.grade_id}] {self.exercise.explain_raised(text, case)}"
             return self.result("wrong", _with_cell_error(text, reading.ran))

@@ -50,6 +50,7 @@ import tempfile
 import threading
 import time
 import types
+from errno import EMFILE
 
 PR_SET_DUMPABLE = 4
 # Bytes a job may send through its channel, and print (stdout and stderr together): more is a
@@ -309,6 +310,7 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
     listdir, stat_path, open_path, dup2 = os.listdir, os.stat, os.open, os.dup2
     write_only = os.O_WRONLY
     dumps, snapshot, replaced_in, evidence = json.dumps, _watched, _replaced, _evidence
+    limit_of = _limit_of
     tasks_now, stop = _task_count, signal.SIGKILL
     me, server = getpid(), os.getppid()
     channel = (fstat(write_fd).st_dev, fstat(write_fd).st_ino)
@@ -352,6 +354,9 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
     except BaseException as err:  # noqa: BLE001
         write_now(json.dumps({"setup_error": f"{type(err).__name__}: {err}"}) + "\n")
         return
+    # The job's first line, written before any learner code runs: the grader takes a set-up
+    # error only in its place, so an answer cannot blame the grader for its own failure.
+    write_now(json.dumps({"ready": True}) + "\n")
     common.TASKS_BEFORE_ANSWER = common.last_task() if own_pid_namespace else None
     watched = snapshot()
     _install_audit_hook(write_now)
@@ -393,15 +398,32 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
             try:
                 send({"case": i, "observation": to_plain(observer(fn, case))})
             except Mistake as mistake:
-                send({"case": i, "mistake": str(mistake)})
+                send({"case": i, "mistake": str(mistake), **limit_of(mistake)})
                 break  # one failed case decides the exercise; the rest would only cost time
             except BaseException as err:  # noqa: BLE001
-                send({"case": i, "mistake": f"{type(err).__name__}: {err}"})
+                send({"case": i, "mistake": f"{type(err).__name__}: {err}", **limit_of(err)})
                 break
     names = job.get("variables", [])
     if names:
         send({"variables": {n: to_plain(namespace.get(n)) for n in names}})
     send({"done": True})
+
+
+def _limit_of(err: BaseException) -> dict:
+    """``{"limit": which}`` where a limit of the sandbox refused what the answer asked, told by
+    the exception's type along the chain the checks keep (``raise Mistake(...) from err``),
+    never by its text, which the answer writes; else ``{}``."""
+    for _ in range(8):
+        if isinstance(err, MemoryError):
+            return {"limit": "memory"}
+        if isinstance(err, BlockingIOError):  # fork refused (EAGAIN): the process cap
+            return {"limit": "processes"}
+        if isinstance(err, OSError) and err.errno == EMFILE:  # the per-process cap on files
+            return {"limit": "files"}
+        err = err.__cause__ or err.__context__
+        if err is None:
+            break
+    return {}
 
 
 def _child(
