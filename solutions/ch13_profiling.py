@@ -195,10 +195,11 @@ plt.show()
 # * return `(name, share)`: the phase with the largest total CPU time (the first in `phases`
 #   on a tie), and its time divided by the sum of all the phases' times.
 #
-# The visible check gives three tables: the loop above, a loop that accumulates four
-# micro-batches per update (so data, forward and backward run four times as often as the
-# optimizer), and one whose `forward` comes in two rows. The hidden check adds a loop whose
-# pipeline has been fixed, rows in other orders and other time scales.
+# The visible check gives four tables: the loop above (with its `ProfilerStep*` row, larger than
+# any phase), a loop that accumulates four micro-batches per update (so data, forward and
+# backward run four times as often as the optimizer), one whose `forward` comes in two rows, and
+# one where two phases tie. The hidden check adds a loop whose pipeline has been fixed, rows in
+# other orders and other time scales.
 
 
 # %% nbgrader={"grade_id": "ch13_bottleneck", "solution": true}
@@ -214,7 +215,7 @@ def bottleneck(averages, phases):
 
 
 # %% nbgrader={"grade_id": "ch13_bottleneck_tests", "grade": true, "points": 2}
-# Visible tests: a plain loop, 4 micro-batches per update, and a phase in two rows.
+# Visible tests: a plain loop, 4 micro-batches per update, a phase in two rows, and a tie.
 from forge_course.grading import ch13
 
 ch13.check_bottleneck(bottleneck)

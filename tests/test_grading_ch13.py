@@ -42,6 +42,9 @@ def test_bottleneck_names_each_known_mistake(message, wrong):
         (answers.BOTTLENECK_LAST_ROW, "only one row of a phase was counted"),
         (answers.BOTTLENECK_PER_CALL, "time per call"),
         (answers.BOTTLENECK_OVER_ALL_ROWS, "sum of every row"),
+        (answers.BOTTLENECK_LAST_ON_TIE, "two phases tie for the most time"),
+        (answers.BOTTLENECK_TABLE_ORDER, "two phases tie for the most time"),
+        (answers.BOTTLENECK_LARGEST_ROW, "`ProfilerStep\\*` is a whole step"),
     ],
 )
 def test_bottleneck_names_the_mistakes_as_a_learner_writes_them(source, named):
@@ -84,27 +87,23 @@ def list_preload(dataset):
     return _defined(answers.PRELOAD_LIST, "preload")(dataset)
 
 
-def lazy_cache(dataset):
-    """Correct, written differently: decode each example on its first use, keep it after."""
-
-    class Cached(torch.utils.data.Dataset):
-        def __init__(self):
-            self.kept = {}
-
-        def __len__(self):
-            return len(dataset)
-
-        def __getitem__(self, i):
-            if i not in self.kept:
-                self.kept[i] = dataset[i]
-            return self.kept[i]
-
-    return Cached()
+def iterated_preload(dataset):
+    """Correct, written differently: iterate over the dataset (its IndexError ends the loop)."""
+    return _defined(answers.PRELOAD_ITERATED, "preload")(dataset)
 
 
-@pytest.mark.parametrize("answer", [copied(profiling.preload), list_preload, lazy_cache])
+@pytest.mark.parametrize(
+    "answer", [copied(profiling.preload), list_preload, iterated_preload, lambda d: list(d)]
+)
 def test_preload_accepts_correct_answers(answer):
     ch13.check_preload(answer, thorough=True)
+
+
+@pytest.mark.parametrize("source", [answers.PRELOAD_LAZY_CACHE, answers.PRELOAD_LRU_CACHE])
+def test_preload_that_decodes_on_first_use_is_told_so(source):
+    """A lazy cache gives the right batches, but calls dataset[i] after preload returns."""
+    with pytest.raises(Mistake, match=r"decoded on first use \(a lazy cache\)"):
+        ch13.check_preload(_defined(source, "preload"), thorough=True)
 
 
 @pytest.mark.parametrize(

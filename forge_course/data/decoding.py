@@ -19,8 +19,10 @@ class DecodingDataset(Dataset):
     """Examples stored as text and decoded on every access, like rows read from a file.
 
     ``__getitem__`` parses a comma-separated line into a float tensor and waits ``latency_s``
-    (a disk or network read). ``decoded`` counts the calls, so a test can see how often each
-    example was decoded without timing anything.
+    (a disk or network read). ``decoded`` counts the calls that decode, so a test can see how
+    often each example was decoded without timing anything. An index past the end raises
+    `IndexError` before it counts: that is how iterating over the data set stops, and it decodes
+    nothing.
 
     Args:
         inputs: float tensor ``[N, F]``; targets: long tensor ``[N]``.
@@ -37,8 +39,9 @@ class DecodingDataset(Dataset):
         return len(self.lines)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        line, target = self.lines[i], self.targets[i]
         self.decoded += 1
         if self.latency_s:
             time.sleep(self.latency_s)
-        x = torch.tensor([float(v) for v in self.lines[i].split(",")])
-        return x, torch.tensor(self.targets[i])
+        x = torch.tensor([float(v) for v in line.split(",")])
+        return x, torch.tensor(target)

@@ -8,7 +8,8 @@ how many times it decodes each example.
 Exercises:
     ch13_bottleneck: ``bottleneck(averages, phases) -> (name, share)``, the phase with the most
         inclusive CPU time in a ``key_averages()`` table, and its share of all the phases' time.
-    ch13_preload: ``preload(dataset) -> Dataset``, every example decoded once, same batches.
+    ch13_preload: ``preload(dataset) -> Dataset``, every example decoded once, in ``preload``
+        and never after it; the same batches.
 Questions:
     ch13_q_step_ms, ch13_q_phase_time, ch13_q_sync.
 """
@@ -34,7 +35,10 @@ PHASES = list(ref_profiling.PHASES)
 # ---------------------------------------------------------------- ch13_bottleneck
 
 # [key, count, cpu_time_total (µs), self_cpu_time_total (µs)], as a real profile lists them.
+# A profile taken with `schedule(...)` has a `ProfilerStep*` row, a whole step with every phase
+# inside it: the largest row of the table, and no phase.
 _PLAIN_LOOP = [
+    ["ProfilerStep*", 5, 19400, 700],
     ["data", 5, 9500, 500],
     ["enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 5, 9000, 8800],
     ["forward", 5, 3000, 900],
@@ -70,6 +74,7 @@ _SPLIT_ROWS = [
 ]
 # The pipeline fixed: the model's own work is the bottleneck now.
 _FIXED_PIPELINE = [
+    ["ProfilerStep*", 8, 12100, 500],
     ["data", 8, 400, 350],
     ["forward", 8, 5100, 700],
     ["aten::linear", 16, 4100, 200],
@@ -78,15 +83,30 @@ _FIXED_PIPELINE = [
     ["AddmmBackward0", 16, 2600, 300],
     ["optimizer", 8, 1200, 900],
 ]
+# Forward and backward take exactly as long: the first of them in `phases` is the bottleneck.
+# Listed as `table(sort_by="cpu_time_total")` shows them; the visible case's shuffle (seed 3)
+# then puts backward's row before forward's, so naming the first tied phase in the table's order
+# fails there too.
+_TIED = [
+    ["ProfilerStep*", 6, 11000, 500],
+    ["forward", 6, 4200, 600],
+    ["backward", 6, 4200, 900],
+    ["aten::linear", 12, 3400, 200],
+    ["aten::mm", 24, 3200, 3100],
+    ["optimizer", 6, 1500, 1300],
+    ["data", 6, 600, 550],
+]
 
 
 def bottleneck_cases(thorough: bool = False) -> list[dict]:
-    """The plain loop, the accumulating loop and a phase split over two rows; thorough adds a
-    fixed pipeline, other row orders and other time scales (shares unchanged)."""
+    """The plain loop (with its `ProfilerStep*` row), the accumulating loop, a phase split over
+    two rows and a tie; thorough adds a fixed pipeline, other row orders and other time scales
+    (shares unchanged)."""
     plans = [
         ("a loop of 5 steps", _PLAIN_LOOP),
         ("4 micro-batches per update, 5 updates", _ACCUMULATING_LOOP),
         ("forward in two rows, one per call site", _SPLIT_ROWS),
+        ("forward and backward tied", _TIED),
     ]
     if not thorough:
         return [{"name": name, "rows": rows, "phases": PHASES, "scale": 1.0, "seed": i}
@@ -119,6 +139,39 @@ def _wrong_bottleneck(*, time="cpu_time_total", over_all_rows=False):
     return wrong
 
 
+def _last_on_a_tie(averages, phases):
+    totals = dict.fromkeys(phases, 0.0)
+    for row in averages:
+        if row.key in totals:
+            totals[row.key] += row.cpu_time_total
+    name, time = sorted(totals.items(), key=lambda item: item[1])[-1]
+    return name, time / sum(totals.values())
+
+
+def _first_in_the_table_on_a_tie(averages, phases):
+    totals = {}
+    for row in averages:
+        if row.key in phases:
+            totals[row.key] = totals.get(row.key, 0.0) + row.cpu_time_total
+    name = max(totals, key=totals.get)
+    return name, totals[name] / sum(totals.values())
+
+
+def _largest_row_of_the_table(averages, phases):
+    totals = {}
+    for row in averages:
+        totals[row.key] = totals.get(row.key, 0.0) + row.cpu_time_total
+    name = max(totals, key=totals.get)
+    return name, totals[name] / sum(totals[phase] for phase in phases)
+
+
+_TIE = (
+    "two phases tie for the most time, and the one named is not the first of them in "
+    "`phases`. `sorted(...)[-1]` gives the last of equal times, and `max` over a dict filled in "
+    "the table's order the first in that order: rank `phases` itself, as "
+    "`max(phases, key=...)` does, so that the first tied phase in `phases` wins."
+)
+
 BOTTLENECK_MISTAKES = [
     (
         "only one row of a phase was counted. A table grouped by input shape or call site "
@@ -144,6 +197,14 @@ BOTTLENECK_MISTAKES = [
         "sum of the phases' times.",
         _wrong_bottleneck(over_all_rows=True),
     ),
+    (
+        "the name was taken from the largest row of the whole table, and that row is no phase: "
+        "`ProfilerStep*` is a whole step, with every phase inside it. Compare only the rows "
+        "whose key is one of `phases`.",
+        _largest_row_of_the_table,
+    ),
+    (_TIE, _last_on_a_tie),
+    (_TIE, _first_in_the_table_on_a_tie),
 ]
 
 BOTTLENECK = Exercise(
@@ -195,6 +256,22 @@ def _float_targets(dataset):
     )
 
 
+def _lazy_cache(dataset):
+    class DecodedOnFirstUse(torch.utils.data.Dataset):
+        def __init__(self):
+            self.kept = {}
+
+        def __len__(self):
+            return len(dataset)
+
+        def __getitem__(self, i):
+            if i not in self.kept:
+                self.kept[i] = dataset[i]
+            return self.kept[i]
+
+    return DecodedOnFirstUse()
+
+
 def _reordered(dataset):
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(1))
     pairs = [dataset[int(i)] for i in order]
@@ -225,6 +302,13 @@ PRELOAD_MISTAKES = [
         "the examples were stored in another order, so the same sampler picks other examples. "
         "Keep index i's example at index i: shuffling is the DataLoader's job.",
         _reordered,
+    ),
+    (
+        "the examples are decoded on first use (a lazy cache), so `dataset[i]` is still called "
+        "after `preload` returns: all through the first epoch, and with `num_workers > 0` in "
+        "every epoch, since each worker fills its own copy of the cache. Decode every example "
+        "in `preload` itself and return a dataset of the decoded tensors.",
+        _lazy_cache,
     ),
 ]
 
