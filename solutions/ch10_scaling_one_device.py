@@ -284,10 +284,12 @@ assert gaps[False] < 1e-12 and gaps[True] > 1e-3  # float64 rounding; a differen
 # * return the mean loss over all $N$ examples as a Python float.
 #
 # The check calls it twice in a row and compares what it returns and every parameter with the
-# reference, and it notes the size of every batch the model's forward sees: one forward per
-# micro-batch, in order. The hidden check adds other splits, clipping, AdamW, float64 and
-# every device. Its model has dropout and a forward hook, and its caller has put it in train
-# mode: call the model itself (`model(x)`, which runs the hooks) in the mode you were given.
+# reference, and it notes the size of every batch the model's forward sees (one forward per
+# micro-batch, in order) and when each backward runs: before the next micro-batch's forward, so
+# that only one micro-batch's graph is alive at a time. The hidden check adds other splits,
+# clipping, AdamW, float64 and every device. Its model has dropout and a forward hook, and its
+# caller has put it in train mode: call the model itself (`model(x)`, which runs the hooks) in
+# the mode you were given.
 
 
 # %% nbgrader={"grade_id": "ch10_accumulate_step", "solution": true}
@@ -795,9 +797,11 @@ print(f"slider: {lookup_ms:.3f} ms to look a measurement up, {draw_ms:.0f} ms to
 # The check compares the output and every gradient with the plain forward's, the bytes kept
 # for backward with the reference's (no more is allowed), and counts how often each block
 # runs: once in the forward pass and once more during backward, when its segment is
-# recomputed. The blocks must run under `checkpoint`'s own saved-tensor hooks or the check's,
-# not under a `saved_tensors_hooks` of your own. The hidden check adds uneven splits, one
-# segment, one segment per layer, an input that requires grad, float64 and every device.
+# recomputed. Which blocks backward recomputes together are your segments: they must be the
+# split above (10 blocks in 4 segments: 3, 3, 2, 2). The blocks must run under `checkpoint`'s
+# own saved-tensor hooks or the check's, not under a `saved_tensors_hooks` of your own. The
+# hidden check adds other uneven splits, one segment, one segment per layer, an input that
+# requires grad, float64 and every device.
 
 
 # %% nbgrader={"grade_id": "ch10_checkpointed_forward", "solution": true}
@@ -825,7 +829,8 @@ def checkpointed_forward(layers, x, segments):
 
 
 # %% nbgrader={"grade_id": "ch10_checkpointed_forward_tests", "grade": true, "points": 2}
-# Visible tests: 6 blocks in 3 segments on the CPU; outputs, gradients and bytes kept.
+# Visible tests: 6 blocks in 3 segments and 10 in 4 on the CPU; outputs, gradients, bytes kept
+# and segments.
 from forge_course.grading import ch10
 
 ch10.check_checkpointed_forward(checkpointed_forward)

@@ -6,6 +6,7 @@ from torch.utils.checkpoint import checkpoint
 
 from forge_course.grading import Mistake, ch10
 from forge_course.grading.core import first_difference
+from forge_course.observe import ch10 as observe_ch10
 from forge_course.reference import accumulation, amp, checkpointing
 from tests.helpers.copied import copied
 
@@ -145,12 +146,11 @@ def test_amp_without_scaler_update_fails_with_torchs_own_words():
 
 
 def generic_checkpointed(layers, x, segments):
-    """Correct, written differently: index arithmetic and nn.Sequential segments."""
+    """Correct, written differently: torch.tensor_split's bounds and nn.Sequential segments."""
     layers = list(layers)
-    n = len(layers)
-    bounds = [round(i * n / segments) for i in range(segments + 1)]
-    for a, b in zip(bounds, bounds[1:]):
-        x = checkpoint(torch.nn.Sequential(*layers[a:b]), x, use_reentrant=False)
+    for indices in torch.arange(len(layers)).tensor_split(segments):
+        segment = torch.nn.Sequential(*(layers[i] for i in indices.tolist()))
+        x = checkpoint(segment, x, use_reentrant=False)
     return x
 
 
@@ -161,7 +161,9 @@ def test_checkpointed_forward_accepts_correct_answers(answer):
     ch10.check_checkpointed_forward(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch10.CHECKPOINT_MISTAKES, ids=range(4))
+@pytest.mark.parametrize(
+    "message,wrong", ch10.CHECKPOINT_MISTAKES, ids=range(len(ch10.CHECKPOINT_MISTAKES))
+)
 def test_checkpointed_forward_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch10.check_checkpointed_forward(wrong)
@@ -222,6 +224,36 @@ def test_accumulate_notices_a_forged_record_of_the_forward_passes():
     def forging(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
         loss = concatenating_accumulate(model, optimizer, loss_fn, micro_batches, max_grad_norm)
         model[-1].seen = [(len(x), "torch.float32") for x, _ in micro_batches]
+        return loss
+
+    with pytest.raises(Mistake, match="instrument"):
+        ch10.check_accumulate_step(forging)
+
+
+def forwards_then_backwards(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    """One forward per micro-batch and one backward each, but every forward first: every
+    micro-batch's graph stays alive until the backwards, as with one backward over the sum."""
+    optimizer.zero_grad()
+    total = sum(len(x) for x, _ in micro_batches)
+    losses = [loss_fn(model(x), y) * len(x) / total for x, y in micro_batches]
+    for loss in losses:
+        loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return sum(loss.item() for loss in losses)
+
+
+def test_accumulate_must_run_each_backward_before_the_next_forward():
+    with pytest.raises(Mistake, match="forward ran before the first backward") as caught:
+        ch10.check_accumulate_step(forwards_then_backwards)
+    assert "'forward, forward, forward, forward, backward, backward" in str(caught.value)
+
+
+def test_accumulate_notices_a_forged_record_of_the_passes():
+    def forging(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+        loss = forwards_then_backwards(model, optimizer, loss_fn, micro_batches, max_grad_norm)
+        model[-1].passes = ["forward", "backward"] * len(micro_batches)
         return loss
 
     with pytest.raises(Mistake, match="instrument"):
@@ -385,3 +417,52 @@ def test_observations_survive_the_trip_from_a_grading_worker():
         (ch10.CHECKPOINTED, ch10.checkpoint_cases()[0]),
     ]:
         exercise.judge(case, loads(dumps(exercise.observe(exercise.reference, case))))
+
+
+def test_segments_are_read_from_the_order_of_recomputation():
+    assert observe_ch10.segments_rerun([8, 9, 6, 7, 3, 4, 5, 0, 1, 2]) == (
+        "[0, 1, 2] [3, 4, 5] [6, 7] [8, 9]"
+    )
+    assert observe_ch10.segments_rerun([3, 2, 1, 0]) == "[0] [1] [2] [3]"
+    assert observe_ch10.segments_rerun([4, 5, 4, 5, 4, 5]) == "[4, 5] [4, 5] [4, 5]"
+    assert observe_ch10.segments_rerun([]) == ""
+
+
+def rounded_bounds(layers, x, segments):
+    """Sizes that differ by at most one, but not longer first: 10 in 4 give 2, 3, 3, 2."""
+    layers = list(layers)
+    bounds = [round(i * len(layers) / segments) for i in range(segments + 1)]
+    for a, b in zip(bounds, bounds[1:]):
+        x = checkpoint(torch.nn.Sequential(*layers[a:b]), x, use_reentrant=False)
+    return x
+
+
+def test_checkpointed_forward_compares_the_segments_with_the_reference():
+    with pytest.raises(Mistake) as caught:
+        ch10.check_checkpointed_forward(rounded_bounds)
+    said = str(caught.value)
+    want, got = "'[0, 1, 2] [3, 4, 5] [6, 7] [8, 9]'", "'[0, 1] [2, 3, 4] [5, 6, 7] [8, 9]'"
+    assert f"should be {want}, but it is {got}" in said
+    assert "longer first" in said
+
+
+def late_bound_bounds(layers, x, segments):
+    """Reads `start` and `size` when backward recomputes: every recomputation runs nothing."""
+    layers = list(layers)
+    base, extra = divmod(len(layers), segments)
+    start = 0
+    for i in range(segments):
+        size = base + (1 if i < extra else 0)
+
+        def run_group(h):
+            return torch.nn.Sequential(*layers[start : start + size])(h)  # noqa: B023
+
+        x = checkpoint(run_group, x, use_reentrant=False)
+        start += size
+    return x
+
+
+def test_a_recomputation_unlike_the_forward_names_late_binding():
+    with pytest.raises(Mistake, match="A different number of tensors was saved") as caught:
+        ch10.check_checkpointed_forward(late_bound_bounds)
+    assert "reads the loop's variables" in str(caught.value)

@@ -6,12 +6,13 @@ reports; here are the cases, the references, the known mistakes and what counts 
 Exercises:
     ch10_accumulate_step: ``accumulate_step(model, optimizer, loss_fn, micro_batches,
         max_grad_norm=None) -> float``, one update equal to one step on the whole batch, from
-        one forward and backward per micro-batch.
+        one forward and backward per micro-batch, each backward before the next forward.
     ch10_amp_step: ``amp_train_step(model, optimizer, loss_fn, x, y, scaler=None) -> float``,
         autocast on ``x``'s device type: bfloat16 on the CPU, float16 on CUDA and MPS (or
         bfloat16 where the GPU runs it).
     ch10_checkpointed_forward: ``checkpointed_forward(layers, x, segments) -> Tensor``: no more
-        bytes kept for backward than the reference, and every block recomputed in backward.
+        bytes kept for backward than the reference, and every block recomputed in backward, in
+        the reference's segments.
 Questions:
     ch10_q_tail_weight, ch10_q_scaler, ch10_q_saved_bytes.
 """
@@ -107,6 +108,17 @@ def _wrong_accumulate(*, one_over_k=False, clip_each=False, zero_grad=True, plai
     return wrong
 
 
+def _summed_then_backward(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    optimizer.zero_grad()
+    total = sum(len(x) for x, _ in micro_batches)
+    loss = sum(loss_fn(model(x), y) * len(x) / total for x, y in micro_batches)
+    loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item()
+
+
 def _concatenated(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
     optimizer.zero_grad()
     x = torch.cat([x for x, _ in micro_batches])
@@ -148,6 +160,15 @@ ACCUMULATE_MISTAKES = [
         "turn and let `.grad` add up.",
         _concatenated,
     ),
+    (
+        "every micro-batch's forward ran before the first backward. One backward over the "
+        "summed loss keeps every micro-batch's graph, activations and all, until the end: the "
+        "memory of the full batch, which accumulation exists to avoid. Call "
+        "`(loss * n_i / N).backward()` inside the loop, right after that micro-batch's forward, "
+        "so that its graph is freed before the next one is built, and add up `loss.item()` for "
+        "the returned value.",
+        _summed_then_backward,
+    ),
     (_FORWARD_SKIPS_HOOKS, _wrong_accumulate(forward=True)),
     (_EVAL_MODE, _wrong_accumulate(eval_mode=True)),
 ]
@@ -160,8 +181,9 @@ ACCUMULATE = Exercise(
     observe=observe_accumulate_step,
     label=label_accumulate,
     mistakes=ACCUMULATE_MISTAKES,
-    hint="zero_grad, then for each micro-batch in turn a forward and a backward of loss·n_i/N, "
-    "then clip once (if asked), step once, and return the n_i/N-weighted mean loss as a float.",
+    hint="zero_grad, then for each micro-batch in turn a forward and, before the next forward, "
+    "a backward of loss·n_i/N; then clip once (if asked), step once, and return the "
+    "n_i/N-weighted mean loss as a float.",
 )
 check_accumulate_step = ACCUMULATE.check
 
@@ -289,18 +311,20 @@ check_amp_step = AMP.check
 
 
 def checkpoint_cases(thorough: bool = False) -> list[dict]:
-    """6 blocks in 3 segments; thorough adds uneven splits, 1 and N segments, float64, devices."""
+    """6 blocks in 3 segments and 10 in 4 (where each wrong split of the sizes shows, and shows
+    differently); thorough adds other uneven splits, 1 and N segments, float64, devices."""
     base = {"device": "cpu", "dtype": "float32", "input_grad": False, "container": "modulelist"}
     if not thorough:
-        return [{**base, "layers": 6, "segments": 3, "seed": 0}]
+        return [{**base, "layers": 6, "segments": 3, "seed": 0},
+                {**base, "layers": 10, "segments": 4, "seed": 1}]  # fmt: skip
     seed, devices = _devices_and_seeds(thorough)
     plans = [
         (6, 3, "float32", False, "modulelist"),
+        (10, 4, "float64", False, "modulelist"),
         (5, 2, "float64", False, "list"),
         (7, 3, "float32", True, "sequential"),
         (4, 1, "float64", False, "modulelist"),
         (4, 4, "float32", True, "list"),
-        (10, 4, "float64", False, "modulelist"),
     ]
     cases = []
     for i, device in enumerate(devices):
@@ -311,6 +335,44 @@ def checkpoint_cases(thorough: bool = False) -> list[dict]:
                           "container": container, "layers": n, "segments": k,
                           "seed": seed + 10 * i + j})  # fmt: skip
     return cases
+
+
+def _remainder_last(n_layers, segments):
+    base = n_layers // segments
+    return [base] * (segments - 1) + [n_layers - base * (segments - 1)]
+
+
+def _ceil_chunks(n_layers, segments):
+    size = -(-n_layers // segments)
+    return [min(size, n_layers - start) for start in range(0, n_layers, size)]
+
+
+def _shorter_first(n_layers, segments):
+    return ref_checkpointing.segment_sizes(n_layers, segments)[::-1]
+
+
+def _split(sizes=ref_checkpointing.segment_sizes, late_binding=False):
+    """A checkpointed forward with one thing changed: the segment sizes, or when the function
+    given to `checkpoint` looks up its group."""
+
+    def wrong(layers, x, segments):
+        layers = list(layers)
+        start = 0
+        for size in sizes(len(layers), segments):
+            group = layers[start : start + size]
+            start += size
+
+            def run_group(h, bound=group):
+                # The mistake itself: without the default, `group` is looked up when backward
+                # recomputes the segment, after the loop has ended.
+                for layer in group if late_binding else bound:  # noqa: B023
+                    h = layer(h)
+                return h
+
+            x = checkpoint(run_group, x, use_reentrant=False)
+        return x
+
+    return wrong
 
 
 def _plain_forward(layers, x, segments):
@@ -372,6 +434,36 @@ CHECKPOINT_MISTAKES = [
         "checkpointed. Drop the hooks and run each segment through "
         "`torch.utils.checkpoint.checkpoint(run_segment, x, use_reentrant=False)`.",
         _plain_forward_under_own_hooks,
+    ),
+    (
+        "every segment recomputed the blocks of the last group during backward. The function "
+        "given to `checkpoint` runs again when backward reaches its segment, after the loop has "
+        "ended, and a function defined in the loop looks up `group` only then: it sees the "
+        "last group, so the gradients are wrong. Bind the group when the function is made: "
+        "`def run_group(h, group=group)`, `functools.partial`, or `nn.Sequential(*group)`.",
+        _split(late_binding=True),
+    ),
+    (
+        "the segments were cut `len(layers) // segments` long and the last one took the rest "
+        "(10 blocks in 4 give 2, 2, 2, 4), so the last segment can be longer than the others "
+        "by up to `segments - 1` blocks. Sizes differ by at most one, longer groups first: with "
+        "`base, extra = divmod(len(layers), segments)`, `[base + 1] * extra + [base] * "
+        "(segments - extra)` (10 in 4: 3, 3, 2, 2).",
+        _split(_remainder_last),
+    ),
+    (
+        "the layers were cut into chunks of `ceil(len(layers) / segments)` (10 blocks in 4 give "
+        "3, 3, 3, 1), which leaves a short last chunk and, for some sizes, fewer segments than "
+        "asked (6 blocks in 4 give 3 chunks of 2). Cut exactly `segments` groups whose sizes "
+        "differ by at most one, longer groups first: with `base, extra = divmod(len(layers), "
+        "segments)`, `[base + 1] * extra + [base] * (segments - extra)` (10 in 4: 3, 3, 2, 2).",
+        _split(_ceil_chunks),
+    ),
+    (
+        "the shorter groups come first (10 blocks in 4 give 2, 2, 3, 3). The exercise puts the "
+        "longer ones first: with `base, extra = divmod(len(layers), segments)`, "
+        "`[base + 1] * extra + [base] * (segments - extra)` (10 in 4: 3, 3, 2, 2).",
+        _split(_shorter_first),
     ),
 ]
 

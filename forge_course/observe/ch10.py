@@ -2,9 +2,11 @@
 
 Where a check must see *how* the answer ran, not only what it left behind, the model carries
 an instrument of the check's own: a `_Probe` at the end of a model notes the size and dtype of
-every batch that reaches it, and a `_CountedBlock` counts its forward passes and notes whether
-the saved-tensor hooks in effect were the answer's own. After every call the observer verifies
-that its instruments are still in place and untouched, and says so in the observation.
+every batch that reaches it (and, for accumulation, the order of forward and backward passes),
+and a `_CountedBlock` counts its forward passes, notes which blocks backward recomputed
+together, and notes whether the saved-tensor hooks in effect were the answer's own. After
+every call the observer verifies that its instruments are still in place and untouched, and
+says so in the observation.
 
 Recomputation is judged by its outcome, not by those notes: a `_CountedBlock` adds to its
 output a term worth zero whose gradient depends on when the block ran, so the gradients that
@@ -21,6 +23,7 @@ import warnings
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import CheckpointError
 
 from forge_course.observe.ch04 import OwnDropout, Settings, halve_output
 from forge_course.observe.common import INSTRUMENT_TAMPERED, Mistake, alone, call_answer
@@ -40,25 +43,33 @@ def _plain(value):
 
 
 class _Probe(nn.Module):
-    """The identity, noting ``(batch size, dtype)`` of every tensor that passes through."""
+    """The identity, noting ``(batch size, dtype)`` of every tensor that passes through; given a
+    list of ``passes``, it also notes there, in order, each forward pass and each backward pass
+    that reaches the forward's output."""
 
-    def __init__(self):
+    def __init__(self, passes: list | None = None):
         super().__init__()
         self.seen: list[tuple[int, str]] = []
+        self.passes = passes
 
     def forward(self, x):
         self.seen.append((int(x.shape[0]), str(x.dtype)))
+        passes = self.passes
+        if passes is not None:
+            passes.append("forward")
+            if x.requires_grad:
+                x.register_hook(lambda grad: passes.append("backward"))
         return x
 
 
-def _probed(model: nn.Sequential) -> tuple[nn.Sequential, _Probe, list]:
-    probe = _Probe()
+def _probed(model: nn.Sequential, passes: list | None = None) -> tuple[nn.Sequential, _Probe, list]:
+    probe = _Probe(passes)
     model.append(probe)  # last, so the parameters keep their names
     return model, probe, probe.seen
 
 
-def _probe_intact(model: nn.Sequential, probe: _Probe, seen: list) -> bool:
-    """The probe is still the model's last module, unchanged, and still fills the same list."""
+def _probe_intact(model: nn.Sequential, probe: _Probe, seen: list, passes=None) -> bool:
+    """The probe is still the model's last module, unchanged, and still fills the same lists."""
     return (
         model[-1] is probe
         and type(probe) is _Probe
@@ -66,6 +77,7 @@ def _probe_intact(model: nn.Sequential, probe: _Probe, seen: list) -> bool:
         and not probe._forward_hooks
         and not probe._forward_pre_hooks
         and probe.seen is seen
+        and probe.passes is passes
     )
 
 
@@ -106,13 +118,17 @@ def _accumulate_setup(case: dict):
 
 
 def observe_accumulate_step(fn, case: dict) -> dict:
-    """Two updates from two groups of micro-batches: each returned value, the parameters, and
-    the size of every batch the model's forward saw (one forward per micro-batch, or not)."""
+    """Two updates from two groups of micro-batches: each returned value, the parameters, the
+    size of every batch the model's forward saw (one forward per micro-batch, or not), and the
+    order of the forward and backward passes (each micro-batch's backward before the next
+    forward, so that only one micro-batch's graph is alive at a time, or not)."""
     model, optimizer, loss_fn, groups = _accumulate_setup(case)
-    model, probe, seen = _probed(model)
+    passes: list[str] = []
+    model, probe, seen = _probed(model, passes)
     observed = {}
     for call, group in enumerate(groups, start=1):
         seen.clear()
+        passes.clear()
         settings = Settings(model)
         returned = call_answer(
             ACCUMULATE, "accumulate_step", fn, model, optimizer, loss_fn, group, case["clip"],
@@ -121,8 +137,12 @@ def observe_accumulate_step(fn, case: dict) -> dict:
         settings.check(ACCUMULATE, "accumulate_step", label_accumulate(case))
         observed[f"the value returned by call {call}"] = _plain(returned)
         observed[f"the parameters after call {call}"] = _parameters(model)
+        intact = _probe_intact(model, probe, seen, passes)
         observed[f"the batch sizes the model's forward passes saw in call {call}"] = (
-            [size for size, _ in seen] if _probe_intact(model, probe, seen) else TAMPERED
+            [size for size, _ in seen] if intact else TAMPERED
+        )
+        observed[f"the order of the forward and backward passes in call {call}"] = (
+            ", ".join(passes) if intact else TAMPERED
         )
     return observed
 
@@ -226,6 +246,7 @@ OWN_HOOKS = "the blocks ran under saved_tensors_hooks of the answer's own"
 KEPT = "the bytes kept for backward (at most)"
 RUNS_FORWARD = "how many times each block ran in the forward pass"
 RUNS_BACKWARD = "how many times each block ran again during backward (recomputation)"
+SEGMENTS = "the segments (the blocks backward recomputed together)"
 
 
 UNKNOWN = "unknown"  # this torch cannot say which saved-tensor hooks are in effect
@@ -276,14 +297,21 @@ class _CountedBlock(nn.Sequential):
     Under the check, a block's activations are saved either through the check's own hook
     (nothing checkpointed) or through ``torch.utils.checkpoint``'s (checkpointed). Any other
     hook innermost hides what the forward keeps from the check's count.
+
+    Each call during a backward also appends the block's ``index`` to ``rerun``, a list the
+    blocks share: backward recomputes one segment at a time, its blocks in order, the last
+    segment first, so the list falls into the segments (`segments_rerun`).
     """
 
-    def __init__(self, *layers):
+    def __init__(self, *layers, index: int = 0, rerun: list | None = None):
         super().__init__(*layers)
         self.runs, self.check_pack, self.foreign_hooks = 0, None, False
+        self.index, self.rerun = index, rerun
 
     def forward(self, x):
         self.runs += 1
+        if _graph_task() >= 0 and self.rerun is not None:
+            self.rerun.append(self.index)
         pack = _top_pack_hook()
         theirs = pack not in (self.check_pack, UNKNOWN) and not _is_checkpoints_own(pack)
         if self.check_pack is not None and theirs and torch.is_grad_enabled():
@@ -296,11 +324,31 @@ class _CountedBlock(nn.Sequential):
         return out + (out - out.detach()) * tilt
 
 
-def _blocks_intact(blocks: list) -> bool:
+def _blocks_intact(blocks: list, rerun: list) -> bool:
     return all(
-        type(b) is _CountedBlock and "forward" not in vars(b) and not b._forward_pre_hooks
-        for b in blocks
+        type(b) is _CountedBlock
+        and "forward" not in vars(b)
+        and not b._forward_pre_hooks
+        and b.index == index
+        and b.rerun is rerun
+        for index, b in enumerate(blocks)
     )
+
+
+def segments_rerun(rerun: list[int]) -> str:
+    """The blocks recomputed during backward, cut into the segments they ran in, first segment
+    first: ``[4, 5, 2, 3, 0, 1]`` is ``"[0, 1] [2, 3] [4, 5]"``.
+
+    A segment's blocks run in order and the segments in reverse (backward reaches the last one
+    first), so a new segment starts wherever a block is not the one after the previous block.
+    """
+    segments: list[list[int]] = []
+    for index in rerun:
+        if segments and index == segments[-1][-1] + 1:
+            segments[-1].append(index)
+        else:
+            segments.append([index])
+    return " ".join(str(segment) for segment in reversed(segments))
 
 
 def label_checkpointed(case: dict) -> str:
@@ -313,10 +361,11 @@ def _checkpoint_setup(case: dict):
     device, dtype = torch.device(case["device"]), getattr(torch, case["dtype"])
     torch.manual_seed(case["seed"])
     width = 4
+    rerun: list[int] = []
     blocks = [
-        _CountedBlock(nn.Linear(width, 4 * width), nn.GELU(),
-                      nn.Linear(4 * width, width)).to(device=device, dtype=dtype)
-        for _ in range(case["layers"])
+        _CountedBlock(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width),
+                      index=index, rerun=rerun).to(device=device, dtype=dtype)
+        for index in range(case["layers"])
     ]  # fmt: skip
     layers = {
         "modulelist": nn.ModuleList,
@@ -326,7 +375,7 @@ def _checkpoint_setup(case: dict):
     gen = torch.Generator().manual_seed(case["seed"])
     x = torch.randn(3, width, generator=gen, dtype=dtype).to(device)
     weights = torch.randn(3, width, generator=gen, dtype=dtype).to(device)
-    return blocks, layers, x, weights
+    return blocks, rerun, layers, x, weights
 
 
 def _is_parameter(tensor: torch.Tensor) -> bool:
@@ -359,8 +408,9 @@ class _SavedBytes(torch.autograd.graph.saved_tensors_hooks):
 
 
 def observe_checkpointed_forward(fn, case: dict) -> dict:
-    """The output, the gradients it gives, the bytes it keeps, and how often each block ran."""
-    blocks, layers, x, weights = _checkpoint_setup(case)
+    """The output, the gradients it gives, the bytes it keeps, how often each block ran, and
+    which blocks backward recomputed together (the segments)."""
+    blocks, rerun, layers, x, weights = _checkpoint_setup(case)
     label = label_checkpointed(case)
     x_in = x.clone().requires_grad_(case["input_grad"])
     counting = _SavedBytes()
@@ -382,7 +432,7 @@ def observe_checkpointed_forward(fn, case: dict) -> dict:
             f"the output should be a tensor, but `checkpointed_forward` returned "
             f"{type(out).__name__} (case: {label}). Return what the last segment gives.",
         )
-    intact = _blocks_intact(blocks)
+    intact = _blocks_intact(blocks, rerun)
     in_forward = [block.runs for block in blocks]
     # How it ran comes first, so that a difference there is named before the gradients.
     seen = {
@@ -393,15 +443,29 @@ def observe_checkpointed_forward(fn, case: dict) -> dict:
         RUNS_FORWARD: in_forward if intact else TAMPERED,
     }
     if out.requires_grad:
-        (out * weights).sum().backward()
+        try:
+            (out * weights).sum().backward()
+        except CheckpointError as err:
+            said = str(err).strip().splitlines()[0].removeprefix("torch.utils.checkpoint: ")
+            raise Mistake(
+                CHECKPOINTED,
+                f"during backward, a segment's recomputation did not save what its forward pass "
+                f"saved (case: {label}); torch says: {said}\n"
+                "Likely mistake: the function given to `checkpoint` ran something else when "
+                "backward called it again. One defined in a loop that reads the loop's variables "
+                "(`group`, `start`) when it runs sees their values after the loop has ended. "
+                "Bind them when the function is made: `def run_group(h, group=group)`, "
+                "`functools.partial`, or `nn.Sequential(*group)`.",
+            ) from None
+    intact = intact and _blocks_intact(blocks, rerun)
     seen[RUNS_BACKWARD] = (
-        [block.runs - ran for block, ran in zip(blocks, in_forward)]
-        if intact and _blocks_intact(blocks)
-        else TAMPERED
+        [block.runs - ran for block, ran in zip(blocks, in_forward)] if intact else TAMPERED
     )
     for b, block in enumerate(blocks):
         for name, p in block.named_parameters():
             seen[f"the gradient of block {b}'s {name}"] = _plain(p.grad)
     if case["input_grad"]:
         seen["the gradient of the input"] = _plain(x_in.grad)
+    # Last, so that where the gradients differ too, they are named first.
+    seen[SEGMENTS] = segments_rerun(rerun) if intact else TAMPERED
     return seen

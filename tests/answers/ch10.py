@@ -80,6 +80,18 @@ def accumulate_step(model, optimizer, loss_fn, micro_batches, max_grad_norm=None
     return loss_sum / total
 """
 
+ACCUMULATE_ONE_BACKWARD = """
+def accumulate_step(model, optimizer, loss_fn, micro_batches, max_grad_norm=None):
+    n = sum(len(x) for x, _ in micro_batches)
+    optimizer.zero_grad()
+    total = sum(loss_fn(model(x), y) * len(x) / n for x, y in micro_batches)
+    total.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return total.item()
+"""
+
 AMP_NO_AUTOCAST = """
 def amp_train_step(model, optimizer, loss_fn, x, y, scaler=None):
     optimizer.zero_grad()
@@ -162,6 +174,86 @@ def checkpointed_forward(layers, x, segments):
     return x
 """
 
+CHECKPOINT_LATE_BINDING = """
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpointed_forward(layers, x, segments):
+    layers = list(layers)
+    base, extra = divmod(len(layers), segments)
+    start = 0
+    for size in [base + 1] * extra + [base] * (segments - extra):
+        group = layers[start:start + size]
+        start += size
+
+        def run_group(h):
+            for layer in group:
+                h = layer(h)
+            return h
+
+        x = checkpoint(run_group, x, use_reentrant=False)
+    return x
+"""
+
+CHECKPOINT_LATE_BOUNDS = """
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpointed_forward(layers, x, segments):
+    layers = list(layers)
+    base, extra = divmod(len(layers), segments)
+    start = 0
+    for i in range(segments):
+        size = base + (1 if i < extra else 0)
+        x = checkpoint(lambda h: torch.nn.Sequential(*layers[start:start + size])(h), x,
+                       use_reentrant=False)
+        start += size
+    return x
+"""
+
+CHECKPOINT_REMAINDER_LAST = """
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpointed_forward(layers, x, segments):
+    layers = list(layers)
+    size = len(layers) // segments
+    for s in range(segments):
+        last = s == segments - 1
+        group = layers[s * size:] if last else layers[s * size:(s + 1) * size]
+        x = checkpoint(torch.nn.Sequential(*group), x, use_reentrant=False)
+    return x
+"""
+
+CHECKPOINT_CEIL_CHUNKS = """
+import math
+
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpointed_forward(layers, x, segments):
+    layers = list(layers)
+    size = math.ceil(len(layers) / segments)
+    for i in range(0, len(layers), size):
+        x = checkpoint(torch.nn.Sequential(*layers[i:i + size]), x, use_reentrant=False)
+    return x
+"""
+
+CHECKPOINT_SHORTER_FIRST = """
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpointed_forward(layers, x, segments):
+    layers = list(layers)
+    base, extra = divmod(len(layers), segments)
+    start = 0
+    for size in [base] * (segments - extra) + [base + 1] * extra:
+        x = checkpoint(torch.nn.Sequential(*layers[start:start + size]), x, use_reentrant=False)
+        start += size
+    return x
+"""
+
+# Balanced, but not longer first: 10 blocks in 4 segments give 2, 3, 3, 2.
 CHECKPOINT_ROUNDED_BOUNDS = """
 import torch.utils.checkpoint as ckpt
 
@@ -174,6 +266,18 @@ def checkpointed_forward(layers, x, segments):
     return x
 """
 
+CHECKPOINT_ARRAY_SPLIT = """
+import numpy as np
+import torch.utils.checkpoint as ckpt
+
+
+def checkpointed_forward(layers, x, segments):
+    for indices in np.array_split(np.arange(len(layers)), segments):
+        segment = torch.nn.Sequential(*(layers[int(i)] for i in indices))
+        x = ckpt.checkpoint(segment, x, use_reentrant=False)
+    return x
+"""
+
 # For each solution cell: the wrong answers, each with the test cells it must fail and a phrase
 # their feedback must contain. Submission k takes the k-th wrong answer of every cell.
 WRONG = {
@@ -182,6 +286,10 @@ WRONG = {
         (ACCUMULATE_CLIP_EACH, {"ch10_accumulate_step_tests": "clipped after every micro-batch"}),
         (ACCUMULATE_NO_ZERO_GRAD, {"ch10_accumulate_step_tests": "zero_grad()` is missing"}),
         (ACCUMULATE_IN_EVAL_MODE, {"ch10_accumulate_step_tests": "ran in eval mode"}),
+        (
+            ACCUMULATE_ONE_BACKWARD,
+            {"ch10_accumulate_step_tests": "One backward over the summed loss keeps every"},
+        ),
     ],
     "ch10_amp_step": [
         (AMP_NO_AUTOCAST, {"ch10_amp_step_tests": "the forward pass ran in float32"}),
@@ -195,6 +303,27 @@ WRONG = {
             {"ch10_checkpointed_forward_tests": "the last segment is not checkpointed"},
         ),
         (CHECKPOINT_PLAIN, {"ch10_checkpointed_forward_tests": "nothing is checkpointed"}),
+        (
+            CHECKPOINT_LATE_BINDING,
+            {"ch10_checkpointed_forward_tests": "recomputed the blocks of the last group"},
+        ),
+        (
+            CHECKPOINT_LATE_BOUNDS,
+            {"ch10_checkpointed_forward_tests": "reads the loop's variables"},
+        ),
+        (
+            CHECKPOINT_REMAINDER_LAST,
+            {"ch10_checkpointed_forward_tests": "the last one took the rest"},
+        ),
+        (
+            CHECKPOINT_CEIL_CHUNKS,
+            {"ch10_checkpointed_forward_tests": "fewer segments than asked"},
+        ),
+        (
+            CHECKPOINT_SHORTER_FIRST,
+            {"ch10_checkpointed_forward_tests": "the shorter groups come first"},
+        ),
+        (CHECKPOINT_ROUNDED_BOUNDS, {"ch10_checkpointed_forward_tests": "longer first"}),
     ],
     "ch10_questions": [
         (
@@ -220,7 +349,7 @@ WRONG = {
 ALTERNATIVE = {
     "ch10_accumulate_step": ACCUMULATE_SET_TO_NONE_LAST,
     "ch10_amp_step": AMP_AUTOCAST_DEFAULTS,
-    "ch10_checkpointed_forward": CHECKPOINT_ROUNDED_BOUNDS,
+    "ch10_checkpointed_forward": CHECKPOINT_ARRAY_SPLIT,
     "ch10_questions": "tail_weight = 4 / 100\nscaler_answer = 'B'\nsaved_bytes = 8 * 64 * 64 * 4\n",
 }
 
