@@ -239,6 +239,23 @@ def test_train_step_under_no_grad_fails_with_the_error():
         ch04.check_train_step(no_grad_step)
 
 
+def test_an_error_torch_raises_as_not_implemented_is_no_unwritten_answer():
+    """torch says "not implemented for 'Long'" with a NotImplementedError: the targets given
+    as the output. Only the released `raise NotImplementedError()` is an unwritten answer."""
+
+    def swapped(model, optimizer, loss_fn, x, y):
+        optimizer.zero_grad()
+        loss = loss_fn(y, model(x))
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    with pytest.raises(Mistake) as caught:
+        ch04.check_train_step(swapped, thorough=True)
+    assert "not written yet" not in str(caught.value)
+    assert "takes the output first" in str(caught.value)
+
+
 def test_calling_the_reference_does_not_score():
     with pytest.raises(Mistake, match="calls forge_course's reference"):
         ch04.check_train_step(lambda *args: step.train_step(*args))

@@ -238,6 +238,18 @@ TRAIN_STEP_MISTAKES = [
 ]
 
 
+def _train_step_raised(message: str, case: dict) -> str:
+    # Class indices (int64) reached a kernel that needs floats: in a step, only the targets are
+    # integers, so they went where the loss expects the model's output.
+    if "not implemented for 'Long'" not in message:
+        return ""
+    return (
+        "the loss got the targets where it expects the model's output. A loss takes the "
+        "output first and the targets second: `loss_fn(model(x), y)`. (A mean squared error "
+        "gives the same value either way round, so only some losses show it.)"
+    )
+
+
 TRAIN_STEP = Exercise(
     grade_id="ch04_train_step",
     function="train_step",
@@ -246,6 +258,7 @@ TRAIN_STEP = Exercise(
     observe=observe_train_step,
     label=label_train_step,
     mistakes=TRAIN_STEP_MISTAKES,
+    raised_hint=_train_step_raised,
     hint="the order is zero_grad → forward → loss → backward → step, then return loss.item().",
 )
 check_train_step = TRAIN_STEP.check

@@ -61,6 +61,17 @@ def train_step(model, optimizer, loss_fn, x, y):
     return loss.item()
 """
 
+# With a cross-entropy loss, torch's kernel refuses the integer targets as the output: a
+# NotImplementedError of torch's own, which is no unwritten answer.
+TRAIN_STEP_SWAPPED_LOSS = """
+def train_step(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    loss = loss_fn(y, model(x))
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+"""
+
 TRAIN_STEP_STEP_FIRST = """
 def train_step(model, optimizer, loss_fn, x, y):
     optimizer.zero_grad()
@@ -123,6 +134,7 @@ WRONG = {
         (TRAIN_STEP_RETURNS_TENSOR, {"ch04_train_step_tests": "Return `loss.item()`"}),
         (TRAIN_STEP_EVAL_MODE, {"ch04_train_step_tests": "the forward ran in eval mode"}),
         (TRAIN_STEP_CALLS_FORWARD, {"ch04_train_step_tests": "skips the model's hooks"}),
+        (TRAIN_STEP_SWAPPED_LOSS, {"ch04_train_step_tests": "takes the output first"}),
     ],
     "ch04_questions": [
         (
