@@ -116,16 +116,158 @@ def recorder_under_no_grad_with_clone(model, x, layer_names):
     return outputs
 
 
-@pytest.mark.parametrize("answer", [recorder_with_exit_stack, recorder_under_no_grad_with_clone])
+def recorder_that_puts_every_mode_back(model, x, layer_names):
+    """Switches to eval mode and autograd off for its pass, and puts both back as it found them."""
+    outputs, handles = {}, []
+    modes = {module: module.training for module in model.modules()}
+    grad = torch.is_grad_enabled()
+    try:
+        for name in layer_names:
+            handles.append(
+                model.get_submodule(name).register_forward_hook(
+                    lambda m, args, out, key=name: outputs.__setitem__(key, out.detach().clone())
+                )
+            )
+        model.eval()
+        torch.set_grad_enabled(False)
+        model(x)
+    finally:
+        torch.set_grad_enabled(grad)
+        for module, training in modes.items():
+            module.train(training)
+        for handle in handles:
+            handle.remove()
+    return outputs
+
+
+def recorder_whose_hook_returns_the_output_itself(model, x, layer_names):
+    """Returning the output unchanged replaces it with itself: nothing changes."""
+    outputs, handles = {}, []
+
+    def hook(name):
+        def keep(module, args, out):
+            outputs[name] = out.detach().clone()
+            return out
+
+        return keep
+
+    try:
+        for name in layer_names:
+            handles.append(model.get_submodule(name).register_forward_hook(hook(name)))
+        with torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        recorder_with_exit_stack,
+        recorder_under_no_grad_with_clone,
+        recorder_that_puts_every_mode_back,
+        recorder_whose_hook_returns_the_output_itself,
+    ],
+)
 def test_activation_recorder_accepts_correct_answers_in_any_style(answer):
     ch05.check_activation_recorder(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch05.RECORDER_MISTAKES, ids=range(10))
+@pytest.mark.parametrize(
+    "message,wrong", ch05.RECORDER_MISTAKES, ids=range(len(ch05.RECORDER_MISTAKES))
+)
 def test_activation_recorder_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch05.check_activation_recorder(wrong, thorough=True)
     assert message in str(caught.value)
+
+
+def test_a_hook_that_returns_its_copy_is_named_even_where_no_value_shows_it():
+    """`setdefault` in a lambda returns the copy, which replaces the module's output: named on
+    the in-place ReLU's model, and also on the residual one, where every value agrees."""
+
+    def returns_from_a_lambda(model, x, layer_names):
+        recorded, handles = {}, []
+        try:
+            for name in layer_names:
+                handles.append(
+                    model.get_submodule(name).register_forward_hook(
+                        lambda m, i, out, name=name: recorded.setdefault(name, out.detach().clone())
+                    )
+                )
+            with torch.no_grad():
+                model(x)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return recorded
+
+    message = next(m for m, wrong in ch05.RECORDER_MISTAKES if wrong is ch05._hook_returns_copy)
+    with pytest.raises(Mistake) as caught:
+        ch05.check_activation_recorder(returns_from_a_lambda)
+    assert message in str(caught.value)
+    case = {"model": "shared", "names": ["embed", "head"], "seed": 0, "device": "cpu"}
+    with pytest.raises(Mistake) as caught:
+        ch05.ACTIVATION_RECORDER.judge(
+            case, ch05.ACTIVATION_RECORDER.observe(returns_from_a_lambda, case)
+        )
+    assert "output a hook replaced with its return value should be '[]'" in str(caught.value)
+    assert message in str(caught.value)
+
+
+def _records_then(change):
+    """A correct recorder that also makes ``change(model)`` and does not undo it."""
+
+    def record(model, x, layer_names):
+        change(model)
+        return recorder_with_exit_stack(model, x, layer_names)
+
+    return record
+
+
+@pytest.mark.parametrize(
+    "change,phrase",
+    [
+        (lambda model: model.eval(), "the model's mode: train → eval"),
+        (lambda model: torch.set_grad_enabled(False), "grad mode: on → off"),
+        (lambda model: model.requires_grad_(False), "requires_grad: True → False"),
+    ],
+)
+def test_a_recorder_that_leaves_a_setting_changed_is_told_what(change, phrase):
+    with pytest.raises(Mistake) as caught:
+        ch05.check_activation_recorder(_records_then(change))
+    assert phrase in str(caught.value) and "a recorder only looks" in str(caught.value)
+    assert torch.is_grad_enabled()  # put back, so that the notebook's later cells have autograd
+
+
+def test_a_recorder_that_ends_in_train_mode_changes_the_callers_eval_block():
+    """`model.train(was_training)` puts the top module back, not a block the caller froze."""
+
+    def back_to_train(model, x, layer_names):
+        was_training = model.training
+        model.eval()
+        try:
+            return recorder_with_exit_stack(model, x, layer_names)
+        finally:
+            model.train(was_training)
+
+    ch05.check_activation_recorder(back_to_train)  # the visible model is in one mode
+    with pytest.raises(Mistake, match=r"model\[encoder.2\]'s mode: eval → train"):
+        ch05.check_activation_recorder(back_to_train, thorough=True)
+
+
+def test_a_recorder_that_puts_grad_mode_back_only_when_nothing_raised_is_caught():
+    def no_finally(model, x, layer_names):
+        torch.set_grad_enabled(False)
+        outputs = recorder_with_exit_stack(model, x, layer_names)
+        torch.set_grad_enabled(True)
+        return outputs
+
+    with pytest.raises(Mistake, match="left something changed behind it when the forward pass"):
+        ch05.check_activation_recorder(no_finally)
+    assert torch.is_grad_enabled()
 
 
 def test_a_leftover_global_hook_is_named_and_taken_away():
@@ -169,11 +311,36 @@ def test_to_device_accepts_correct_answers_in_any_style(answer):
     ch05.check_to_device(answer, thorough=True)
 
 
-@pytest.mark.parametrize("message,wrong", ch05.TO_DEVICE_MISTAKES, ids=range(5))
+@pytest.mark.parametrize(
+    "message,wrong", ch05.TO_DEVICE_MISTAKES, ids=range(len(ch05.TO_DEVICE_MISTAKES))
+)
 def test_to_device_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch05.check_to_device(wrong)
     assert message in str(caught.value)
+
+
+def test_to_device_that_detaches_or_moves_under_no_grad_is_named():
+    """The visible batch holds a tensor that requires grad: moved, it stays in the graph."""
+
+    def under_no_grad(batch, device):
+        with torch.no_grad():
+            return to_device_abc(batch, device)
+
+    message = next(m for m, wrong in ch05.TO_DEVICE_MISTAKES if wrong is ch05._detached)
+    with pytest.raises(Mistake) as caught:
+        ch05.check_to_device(under_no_grad)
+    assert message in str(caught.value) and "requires grad" in str(caught.value)
+
+    def detached_then_made_a_leaf(batch, device):
+        return pytree.tree_map(
+            lambda v: v.detach().to(device).requires_grad_(v.requires_grad)
+            if torch.is_tensor(v) else v,
+            batch,
+        )  # fmt: skip
+
+    with pytest.raises(Mistake, match="cut off from the tensor passed in"):
+        ch05.check_to_device(detached_then_made_a_leaf)
 
 
 def test_recursing_into_strings_is_explained():

@@ -7,6 +7,8 @@ import io
 import math
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from torch import nn
 from forge_course.grader import codec
 from forge_course.grader.assignment import INSTALL_TAG
 from forge_course.grading import Mistake, ch08
+from forge_course.observe import ch08 as observe_ch08
 from forge_course.reference import training
 from forge_course.release import source_notebook
 from tests.answers import ch08 as answers
@@ -134,7 +137,8 @@ def test_fit_names_each_known_mistake(flaw):
 @pytest.mark.parametrize(
     "flaw",
     ["onecycle_per_epoch", "epoch_schedules_per_batch", "no_eval", "train_mode_once",
-     "unweighted_loss", "adamw_default", "cycle_momentum", "no_zero_grad", "dataloader"],
+     "unweighted_loss", "adamw_default", "cycle_momentum", "no_zero_grad", "dataloader",
+     "scheduler_first", "validation_graph"],
 )  # fmt: skip
 def test_the_visible_cases_already_catch_the_common_mistakes(flaw):
     with pytest.raises(Mistake, match="Likely mistake"):
@@ -148,6 +152,8 @@ def test_the_visible_cases_already_catch_the_common_mistakes(flaw):
         (answers.FIT_NO_EVAL, "call `model.eval()`"),
         (answers.FIT_UNWEIGHTED, "the mean of the batch means"),
         (answers.FIT_ADAMW_DEFAULT, "its default of 0.01"),
+        (answers.FIT_VALIDATION_WITH_GRAD, "ran with autograd on"),
+        (answers.FIT_SCHEDULER_FIRST, "runs before `optimizer.step()`"),
     ],
 )
 @pytest.mark.parametrize("thorough", [False, True], ids=["visible", "hidden"])
@@ -211,6 +217,83 @@ def test_a_near_miss_of_a_known_mistake_is_not_named_but_described(old, new, whe
     message = str(caught.value)
     assert "Likely mistake" not in message and _named(message) == []
     assert where in message
+
+
+_VALIDATION = """        with torch.no_grad():
+            accuracy = (model(X_val).argmax(dim=1) == y_val).float().mean().item()
+"""
+_IN_HALVES = """            accuracy = sum(
+                (model(X_val[i : i + 50]).argmax(dim=1) == y_val[i : i + 50]).sum().item()
+                for i in (0, 50)
+            ) / len(y_val)
+"""
+
+
+def test_validation_without_a_graph_may_be_written_any_way():
+    """Grad mode off by hand, or validation in two halves under no_grad: no graph, full marks."""
+    by_hand = answers._FIT.replace(
+        _VALIDATION,
+        "        torch.set_grad_enabled(False)\n"
+        "        accuracy = (model(X_val).argmax(dim=1) == y_val).float().mean().item()\n"
+        "        torch.set_grad_enabled(True)\n",
+    )
+    halves = answers._FIT.replace(_VALIDATION, "        with torch.no_grad():\n" + _IN_HALVES)
+    for source in (by_hand, halves):
+        assert source != answers._FIT
+        ch08.check_fit(_define(source, "fit"))
+
+
+def test_validation_that_records_a_graph_is_caught_also_when_the_history_agrees():
+    """Validating in halves with autograd on matches no known mistake exactly: still caught,
+    and the message says which forwards recorded a graph."""
+    halves = answers._FIT.replace(_VALIDATION, "        if True:\n" + _IN_HALVES)
+    with pytest.raises(Mistake) as caught:
+        ch08.check_fit(_define(halves, "fit"))
+    message = str(caught.value)
+    assert "validation forward passes with autograd on should be 0, but it is 6" in message
+    assert "validation: 6 forward pass(es) over X_val ran with autograd on" in message
+
+
+def test_a_scheduler_stepped_first_is_named_with_another_slip_too():
+    """Stepped before its optimizer, and cycling the momentum as well: no known mistake
+    reproduces the run, and the message still names the order."""
+    with pytest.raises(Mistake) as caught:
+        ch08.check_fit(ch08.flawed_fit("scheduler_first", "cycle_momentum"))
+    message = str(caught.value)
+    assert "Likely mistake" not in message
+    assert "`scheduler.step()` runs before `optimizer.step()`" in message
+
+
+def test_what_another_thread_trains_meanwhile_is_not_observed():
+    """The grader observes references while other threads train (the arena's runs): their
+    steps and their forwards over the validation rows, with autograd on, are not the run's."""
+    X_val = training.spiral_data()[2]
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.123)
+    stop, steps = threading.Event(), []
+
+    def train_beside():
+        while not stop.is_set():
+            optimizer.zero_grad()
+            model(X_val).sum().backward()
+            optimizer.step()
+            steps.append(1)
+
+    case = ch08.fit_cases(False)[0]
+    beside = threading.Thread(target=train_beside)
+    beside.start()
+    try:
+        while not steps:
+            time.sleep(0.001)
+        before = len(steps)
+        seen = ch08.FIT.observe(copied(training.fit), case)
+        during = len(steps) - before
+    finally:
+        stop.set()
+        beside.join()
+    assert during > 0  # the other thread did train meanwhile
+    assert seen[observe_ch08.VALIDATION_GRAD] == 0
+    assert torch.equal(seen[observe_ch08.STEP_LR], seen["lr"])
 
 
 def test_what_differs_says_from_which_step_and_epoch():

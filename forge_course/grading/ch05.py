@@ -280,6 +280,27 @@ def _recorder(store=lambda out: out.detach().clone(), run=None, clear_all=False,
     return record
 
 
+def _hook_returns_copy(model, x, layer_names):
+    recorded, handles = {}, []
+
+    def recorder(name):
+        def hook(module, inputs, output):
+            recorded[name] = output.detach().clone()
+            return recorded[name]  # the mistake: torch passes this on instead of the output
+
+        return hook
+
+    try:
+        for name in layer_names:
+            handles.append(model.get_submodule(name).register_forward_hook(recorder(name)))
+        with torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return recorded
+
+
 def _one_pass_per_layer(model, x, layer_names):
     recorded = {}
     for name in layer_names:
@@ -334,6 +355,15 @@ RECORDER_MISTAKES = [
         'model itself (`""`) is never recorded, and hooks others put on it do not fire. Call '
         "`model(x)`.",
         _calls_forward,
+    ),
+    (
+        "your hook returns a value. A forward hook that returns anything but None replaces "
+        "the module's output with it, so the rest of the model runs on your copy: a later "
+        "in-place operation (here `nn.ReLU(inplace=True)`) overwrites what you recorded, and "
+        "with autograd on the model's output is cut off from the graph. Store the copy and "
+        "return nothing (in a lambda, `recorded.__setitem__(name, ...)` returns None; "
+        "`recorded.setdefault(name, ...)` returns the copy).",
+        _hook_returns_copy,
     ),
     (
         "`.detach()` alone shares memory with the output, so a later in-place operation "
@@ -391,7 +421,8 @@ ACTIVATION_RECORDER = Exercise(
     label=label_activation_recorder,
     mistakes=RECORDER_MISTAKES,
     hint="register one forward hook per name on `model.get_submodule(name)`, call `model(x)` "
-    "once, keep `output.detach().clone()`, and remove every handle in a `finally:` block.",
+    "once, keep `output.detach().clone()` (and return nothing from the hook), and remove every "
+    "handle in a `finally:` block.",
 )
 check_activation_recorder = ACTIVATION_RECORDER.check
 
@@ -466,6 +497,18 @@ def _in_place(batch, device):
     return batch
 
 
+def _detached(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().to(device)
+    if isinstance(batch, dict):
+        return {k: _detached(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_detached(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_detached(v, device) for v in batch)
+    return batch
+
+
 def _one_level(batch, device):
     move = lambda v: v.to(device) if isinstance(v, torch.Tensor) else v
     if isinstance(batch, dict):
@@ -499,6 +542,13 @@ TO_DEVICE_MISTAKES = [
         "instead of assigning into the one you were given: the caller may still need it where "
         "it was.",
         _in_place,
+    ),
+    (
+        "a tensor that requires grad came back detached from the graph: `.detach()` (or "
+        "moving under `torch.no_grad()`) cuts it off, so no gradient would flow back through "
+        "the move. Return `tensor.to(device)` as it is: it keeps `requires_grad` and the "
+        "graph, as moving a tensor by hand would.",
+        _detached,
     ),
     (
         "tensors inside nested containers stayed where they were. Call `to_device` "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,14 @@ from forge_course.grading.core import (
     grading_seed,
     thorough_requested,
 )
-from forge_course.observe.ch08 import HISTORY_KEYS, observe_arena_config, observe_fit
+from forge_course.observe.ch08 import (
+    HISTORY_KEYS,
+    STEP_LR,
+    VALIDATION_GRAD,
+    observe_arena_config,
+    observe_fit,
+)
+from forge_course.observe.common import INSTRUMENT_TAMPERED, Tampered
 from forge_course.reference import training as ref
 from forge_course.sims import arena
 from forge_course.sims.trainer import torch_threads
@@ -142,6 +150,17 @@ def _first_disagreement(got: torch.Tensor, want: torch.Tensor) -> int | None:
     return None if bool(close.all()) else int((~close).int().argmax())
 
 
+def _scheduler_first(used: torch.Tensor, want_lr: torch.Tensor) -> bool:
+    """Whether each step used the rate the reference's next step uses: the schedule moved on
+    before its optimizer step, which only a per-batch schedule (one-cycle) shows this way."""
+    if len(used) != len(want_lr) or len(used) < 2:
+        return False
+    return (
+        _first_disagreement(used, want_lr) is not None
+        and _first_disagreement(used[:-1], want_lr[1:]) is None
+    )
+
+
 def _what_differs(got: dict, want: dict, case: dict) -> str:
     """Which numbers of the history differ, from which step or epoch, and where to look."""
     batches = ref.steps_per_epoch(N_TRAIN, case["batch_size"])
@@ -162,7 +181,20 @@ def _what_differs(got: dict, want: dict, case: dict) -> str:
             f"  {key}: {same}at {where} it should be {want[key][i].item():.8g}, "
             f"but it is {got[key][i].item():.8g}."
         )
-    lines.append("Where to look: " + _where_to_look(at))
+    graphs = got[VALIDATION_GRAD]
+    if graphs:
+        lines.append(
+            f"  validation: {graphs} forward pass(es) over X_val ran with autograd on, recording "
+            "a graph (rule 7: without one; use `torch.no_grad()`)."
+        )
+    if _scheduler_first(got[STEP_LR], want["lr"]):
+        lines.append(
+            "Where to look: each `optimizer.step()` used the rate the reference's next step "
+            "uses: `scheduler.step()` runs before `optimizer.step()`. Call `optimizer.step()` "
+            "first, then `scheduler.step()`."
+        )
+    else:
+        lines.append("Where to look: " + _where_to_look(at))
     return "\n".join(lines)
 
 
@@ -267,8 +299,11 @@ def flawed_fit(*flaws: str):
                 loss.backward()
                 if "lr_after_step" not in flaws:
                     history["lr"].append(optimizer.param_groups[0]["lr"])
+                early = "scheduler_first" in flaws
+                if sched is not None and per_batch and early:
+                    sched.step()
                 optimizer.step()
-                if sched is not None and per_batch:
+                if sched is not None and per_batch and not early:
                     sched.step()
                 if "lr_after_step" in flaws:
                     history["lr"].append(optimizer.param_groups[0]["lr"])
@@ -280,7 +315,7 @@ def flawed_fit(*flaws: str):
             )
             if "no_eval" not in flaws:
                 model.eval()
-            with torch.no_grad():
+            with nullcontext() if "validation_graph" in flaws else torch.no_grad():
                 predictions = model(X_val).argmax(dim=1)
             history["val_accuracy"].append((predictions == y_val).float().mean().item())
         return history
@@ -296,6 +331,11 @@ FIT_MISTAKES = {
     "epoch_schedules_per_batch": (
         "StepLR and CosineAnnealingLR count epochs here (`step_size` and `T_max` are in epochs): "
         "call their `scheduler.step()` once per epoch, after the batch loop, not every batch."
+    ),
+    "scheduler_first": (
+        "`scheduler.step()` runs before `optimizer.step()`, so every step used the rate meant "
+        "for the next one (torch warns about this order): the rates you recorded are not the "
+        "rates the steps used. Call `optimizer.step()` first, then `scheduler.step()`."
     ),
     "cycle_momentum": (
         "OneCycleLR also cycles the momentum (Adam's beta1) unless you pass "
@@ -321,6 +361,10 @@ FIT_MISTAKES = {
     "no_eval": (
         "validation ran in train mode, so dropout was still dropping units: call `model.eval()` "
         "before the validation forward pass."
+    ),
+    "validation_graph": (
+        "the validation forward pass ran with autograd on, so it recorded a graph that no "
+        "backward ever uses (rule 7: without a graph). Run it under `with torch.no_grad():`."
     ),
     "train_mode_once": (
         "after the first validation the model stayed in eval mode, so dropout was off for the "
@@ -361,12 +405,21 @@ class FitExercise(Exercise):
         """Raise a `Mistake` unless the history ``got``, observed on ``case``, is the reference's
         (up to rounding)."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
+        if isinstance(got, dict) and got.get(VALIDATION_GRAD) == INSTRUMENT_TAMPERED:
+            raise Tampered(
+                self.grade_id, f"Not graded: the check's hooks were {INSTRUMENT_TAMPERED}."
+            )
         want = self.expected(case)
         where = f" (case: {self.label(case)})"
         problem = _format_problem(got, case)
         if problem:
             raise Mistake(self.grade_id, f"{problem}{where}")
-        diff = first_difference(got, want)
+        # The rates the steps used only explain a difference: the history and the validation's
+        # graph are what is judged.
+        diff = first_difference(
+            {key: got[key] for key in got if key != STEP_LR},
+            {key: want[key] for key in want if key != STEP_LR},
+        )
         if diff is None:
             return
         for i, (message, wrong) in enumerate(self.mistakes):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections import namedtuple
+from collections import OrderedDict, namedtuple
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ import torch.nn.modules.module as module_internals
 from torch import nn
 
 from forge_course.observe import common
+from forge_course.observe.ch04 import Settings
 from forge_course.observe.common import Mistake, call_answer
 
 META = "meta"
@@ -138,6 +139,9 @@ class _Nested(nn.Module):
             nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Sequential(nn.Linear(8, 8), nn.Tanh())
         )
         self.head = nn.Linear(8, 3)
+        # The caller keeps one block in eval mode (a frozen block, say): a recorder that ends
+        # with `model.train()`, or `model.train(was_training)`, changes it.
+        self.encoder[2].eval()
 
     def forward(self, x):
         return self.head(self.encoder(x))
@@ -198,8 +202,56 @@ def _global_hooks_taken_away(left: list[int]):
         left.append(len(added))
 
 
+class _WatchedHooks(OrderedDict):
+    """A module's forward hooks, each wrapped to note when it returns a value that replaces the
+    module's output (torch passes on whatever a forward hook returns, if it is not None)."""
+
+    def __init__(self, name: str, replaced: set[str]):
+        super().__init__()
+        self.name, self.replaced = name, replaced
+
+    def __setitem__(self, key, hook):
+        def watched(*args):
+            result = hook(*args)
+            if result is not None and result is not args[-1]:  # the last argument: the output
+                self.replaced.add(self.name)
+            return result
+
+        super().__setitem__(key, watched)
+
+
+def _watch_hooks(model: nn.Module) -> set[str]:
+    """Watch every submodule's forward hooks; the set fills with the names of those modules
+    whose output a hook replaced."""
+    replaced: set[str] = set()
+    for name, module in model.named_modules():
+        module._forward_hooks = _WatchedHooks(name, replaced)
+    return replaced
+
+
+def _left_changed(settings: Settings, label: str, when: str = "") -> None:
+    """Raise a `Mistake` naming what the call left changed (the hooks are observed one by one
+    below, so they are left out here); grad mode is put back, or every later cell would run
+    without autograd."""
+    found = [change for change in settings.changed() if not change.startswith("hooks on ")]
+    if not found:
+        return
+    torch.set_grad_enabled(settings.before["grad mode"] == "on")
+    shown = "; ".join(found[:4]) + (f"; and {len(found) - 4} more" if len(found) > 4 else "")
+    raise Mistake(
+        RECORDER,
+        f"`record_activations` left something changed behind it{when}: {shown} ({label}).\n"
+        "Likely mistake: a recorder only looks. Run the model in the mode the caller left it in "
+        "(no `model.eval()` or `model.train()`), and switch autograd off with "
+        "`with torch.no_grad():`, which puts grad mode back by itself, even when the forward "
+        "pass raises. Whatever else your function switches it must put back as it found it, or "
+        "every later cell runs changed (grad mode is put back now).",
+    )
+
+
 def observe_activation_recorder(fn, case: dict) -> dict:
-    """What comes back, whether it is detached, how often the model ran, which hooks are left."""
+    """What comes back, whether it is detached, how often the model ran, which hooks are left,
+    whether a hook replaced a module's output, and what else the call left changed."""
     label = label_activation_recorder(case)
     device = torch.device(case["device"])
     with torch.random.fork_rng(devices=[]):
@@ -207,14 +259,17 @@ def observe_activation_recorder(fn, case: dict) -> dict:
         model = _RECORDER_MODELS[case["model"]][1]().to(device)
     gen = torch.Generator().manual_seed(case["seed"] + 1)
     x = torch.randn(5, 4, generator=gen).to(device)
+    replaced = _watch_hooks(model)
     runs = []
     # The caller's own hook: it must still be there afterwards, and fire once per call.
     model.register_forward_hook(lambda module, inputs, output: runs.append(1))
 
     global_left: list[int] = []
+    settings = Settings(model, generator=False)
     with _global_hooks_taken_away(global_left):
         names = list(case["names"])
         result = call_answer(RECORDER, "record_activations", fn, model, x, names, case=label)
+    _left_changed(settings, label)
     seen = {}
     if not isinstance(result, dict):
         seen["what record_activations returns"] = f"a {type(result).__name__}, not a dict"
@@ -226,14 +281,17 @@ def observe_activation_recorder(fn, case: dict) -> dict:
     }
     attached = [name for name, value in result.items() if getattr(value, "requires_grad", False)]
     seen["the outputs still attached to the autograd graph"] = str(sorted(attached))
+    seen["the modules whose output a hook replaced with its return value"] = str(sorted(replaced))
     seen["the number of times the model ran"] = len(runs)
     seen["the forward hooks on the model afterwards"] = _hooks_left(model)
     seen["the global forward hooks left afterwards"] = global_left[0]
 
     # The same call with an input of the wrong width: the forward pass raises inside the call.
     bad = torch.randn(5, 7, generator=gen).to(device)
+    settings = Settings(model, generator=False)
     with _global_hooks_taken_away([]):
         _attempt(RECORDER, "record_activations", fn, model, bad, names, case=label)
+    _left_changed(settings, label, " when the forward pass raised")
     seen["the forward hooks left after a forward pass that raised"] = _hooks_left(model)
     return seen
 
@@ -254,6 +312,8 @@ def _batch(kind: str, seed: int):
             "pair": Pair(t(2), t(2)),
             "info": {"ids": ["a", "b", "c", "d"], "lengths": (3, 1, 2, 2), "mask": t(4) > 0},
             "step": 7,
+            # A tensor in a graph (a learned embedding, say): `.to()` keeps it there.
+            "embedding": t(4, 2).requires_grad_(),
         }
     if kind == "deep":
         return [{"a": (t(2), [{"b": (t(1), "leaf", Pair([t(3)], {"c": t(2, 2)}))}])}, None]
@@ -277,8 +337,37 @@ def label_to_device(case: dict) -> str:
     return f"a {case['batch']} batch to {case['device']}"
 
 
-def _describe(value, path: str, suffix: str, out: dict) -> None:
-    """One line per container and leaf of ``value``, keyed by where it sits."""
+def _graph_leaves(value) -> list[torch.Tensor]:
+    """The tensors in ``value`` (any nesting) that require grad: those a move must keep."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.requires_grad else []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _graph_leaves(item)]
+    return []
+
+
+def _reaches(tensor: torch.Tensor, sources: list[torch.Tensor]) -> bool:
+    """Whether a backward from ``tensor`` would reach one of ``sources``: it is one, or its
+    graph leads to one (walked node by node, so it works on meta tensors too)."""
+    if any(tensor is source for source in sources):
+        return True
+    nodes, seen = [tensor.grad_fn], set()
+    while nodes:
+        node = nodes.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if any(getattr(node, "variable", None) is source for source in sources):
+            return True
+        nodes.extend(next_node for next_node, _ in node.next_functions)
+    return False
+
+
+def _describe(value, path: str, suffix: str, out: dict, sources: list[torch.Tensor]) -> None:
+    """One line per container and leaf of ``value``, keyed by where it sits; ``sources`` are
+    the tensors passed in that require grad."""
     key = f"{path} {suffix}"
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).replace("torch.", "")
@@ -286,18 +375,24 @@ def _describe(value, path: str, suffix: str, out: dict) -> None:
         if value.device.type != META:
             values = torch.round(value.detach().cpu().double(), decimals=4).tolist()
             text += f", values {values}"
+        if value.requires_grad:
+            text += ", requires grad, " + (
+                "in the graph of the tensor passed in"
+                if _reaches(value, sources)
+                else "cut off from the tensor passed in"
+            )
         out[key] = text
     elif isinstance(value, dict):
         out[key] = f"a {type(value).__name__} with keys {list(value)}"
         for k, v in value.items():
-            _describe(v, f"{path}[{k!r}]", suffix, out)
+            _describe(v, f"{path}[{k!r}]", suffix, out, sources)
     elif isinstance(value, (list, tuple)):
         kind = type(value).__name__
         if hasattr(value, "_fields"):
             kind += " (a named tuple)"
         out[key] = f"a {kind} of {len(value)} items"
         for i, v in enumerate(value):
-            _describe(v, f"{path}[{i}]", suffix, out)
+            _describe(v, f"{path}[{i}]", suffix, out, sources)
     else:
         out[key] = f"the {type(value).__name__} {value!r}"
 
@@ -305,6 +400,7 @@ def _describe(value, path: str, suffix: str, out: dict) -> None:
 def observe_to_device(fn, case: dict) -> dict:
     """Every container and leaf of the result, then of the batch passed in (unchanged?)."""
     batch = _batch(case["batch"], case["seed"])
+    sources = _graph_leaves(batch)
     label = label_to_device(case)
     try:
         device = torch.device(case["device"])
@@ -319,8 +415,8 @@ def observe_to_device(fn, case: dict) -> dict:
             ) from err
         raise
     seen: dict = {}
-    _describe(result, "batch", "in the result", seen)
-    _describe(batch, "batch", "as passed in, afterwards", seen)
+    _describe(result, "batch", "in the result", seen, sources)
+    _describe(batch, "batch", "as passed in, afterwards", seen, sources)
     return seen
 
 

@@ -106,6 +106,39 @@ def record_activations(model, x, layer_names):
     return recorded
 """
 
+RECORDER_HOOK_RETURNS_COPY = """
+def record_activations(model, x, layer_names):
+    recorded, handles = {}, []
+    try:
+        for name in layer_names:
+            handles.append(model.get_submodule(name).register_forward_hook(
+                lambda m, inputs, output, name=name: recorded.setdefault(
+                    name, output.detach().clone())))
+        with torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return recorded
+"""
+
+RECORDER_LEAVES_EVAL_AND_NO_GRAD = """
+def record_activations(model, x, layer_names):
+    model.eval()
+    torch.set_grad_enabled(False)
+    recorded, handles = {}, []
+    try:
+        for name in layer_names:
+            handles.append(model.get_submodule(name).register_forward_hook(
+                lambda m, inputs, output, name=name: recorded.__setitem__(
+                    name, output.detach().clone())))
+        model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return recorded
+"""
+
 RECORDER_EXIT_STACK = """
 import contextlib
 import functools
@@ -169,6 +202,19 @@ def to_device(batch, device):
         return type(batch)(*(to_device(value, device) for value in batch))
     if isinstance(batch, tuple):
         return tuple(to_device(value, device) for value in batch)
+    return batch
+"""
+
+TO_DEVICE_DETACHED = """
+def to_device(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().to(device)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(to_device(value, device) for value in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(value, device) for value in batch)
     return batch
 """
 
@@ -254,11 +300,20 @@ WRONG = {
             RECORDER_DETACH_WITHOUT_CLONE,
             {"ch05_activation_recorder_tests": "`.detach()` alone shares memory"},
         ),
+        (
+            RECORDER_HOOK_RETURNS_COPY,
+            {"ch05_activation_recorder_tests": "replaces the module's output"},
+        ),
+        (
+            RECORDER_LEAVES_EVAL_AND_NO_GRAD,
+            {"ch05_activation_recorder_tests": "grad mode: on → off"},
+        ),
     ],
     "ch05_to_device": [
         (TO_DEVICE_NO_ASSIGNMENT, {"ch05_to_device_tests": "throws the moved copy away"}),
         (TO_DEVICE_PLAIN_TUPLES, {"ch05_to_device_tests": "came back as a plain tuple"}),
         (TO_DEVICE_IN_PLACE, {"ch05_to_device_tests": "changed the caller's batch in place"}),
+        (TO_DEVICE_DETACHED, {"ch05_to_device_tests": "came back detached from the graph"}),
     ],
     "ch05_decay_groups": [
         (DECAY_ONE_GROUP, {"ch05_decay_groups_tests": "every parameter is in one group"}),

@@ -86,6 +86,25 @@ FIT_ADAMW_DEFAULT = _fit_with(
     "optimizer = torch.optim.AdamW(params, lr=lr)",
 )
 
+FIT_VALIDATION_WITH_GRAD = _fit_with(
+    """        with torch.no_grad():
+            accuracy = (model(X_val).argmax(dim=1) == y_val).float().mean().item()
+""",
+    """        accuracy = (model(X_val).argmax(dim=1) == y_val).float().mean().item()
+""",
+)
+
+FIT_SCHEDULER_FIRST = _fit_with(
+    """            optimizer.step()
+            if scheduler is not None and config["scheduler"] == "onecycle":
+                scheduler.step()
+""",
+    """            if scheduler is not None and config["scheduler"] == "onecycle":
+                scheduler.step()
+            optimizer.step()
+""",
+)
+
 # Correct, and written differently: OneCycleLR from epochs and steps_per_epoch, the lr from
 # get_last_lr(), batches from split(), validation under inference_mode, a loss module.
 FIT_OTHER_STYLE = """
@@ -174,6 +193,8 @@ WRONG = {
         (FIT_NO_EVAL, {"ch08_fit_tests": "call `model.eval()`"}),
         (FIT_UNWEIGHTED, {"ch08_fit_tests": "the mean of the batch means"}),
         (FIT_ADAMW_DEFAULT, {"ch08_fit_tests": "its default of 0.01"}),
+        (FIT_VALIDATION_WITH_GRAD, {"ch08_fit_tests": "ran with autograd on"}),
+        (FIT_SCHEDULER_FIRST, {"ch08_fit_tests": "runs before `optimizer.step()`"}),
     ],
     "ch08_arena_config": [
         (ARENA_OVER_BUDGET, {"ch08_arena_config_tests": "over the budget of 50"}),
