@@ -25,7 +25,13 @@ def _define(source: str, name: str):
 
 
 @pytest.mark.parametrize(
-    "answer", [copied(capstone.smoke_test), _define(answers.SMOKE_ALTERNATIVE, "smoke_test")]
+    "answer",
+    [
+        copied(capstone.smoke_test),
+        _define(answers.SMOKE_ALTERNATIVE, "smoke_test"),
+        _define(answers.SMOKE_CLOSURE, "smoke_test"),
+    ],
+    ids=["reference", "alternative", "closure"],
 )
 def test_smoke_test_accepts_correct_answers_in_any_style(answer):
     ch12.check_smoke_test(answer, thorough=True)
@@ -147,8 +153,9 @@ def cached_batches_fit(model, optimizer, loss_fn, train_loader, val_loader, epoc
 @pytest.mark.parametrize(
     "answer",
     [reference_fit_without_early_stopping, plain_validated_fit, cached_batches_fit,
-     _define(answers.FIT_ALTERNATIVE, "fit")],
-    ids=["reference", "plain", "cached", "alternative"],
+     _define(answers.FIT_ALTERNATIVE, "fit"), _define(answers.FIT_VALIDATES_A_COPY, "fit"),
+     _define(answers.FIT_FREEZES_TO_VALIDATE, "fit")],
+    ids=["reference", "plain", "cached", "alternative", "validates a copy", "frozen to validate"],
 )  # fmt: skip
 def test_capstone_accepts_correct_loops(answer):
     ch12.check_capstone(answer, thorough=True)
@@ -223,12 +230,23 @@ def return_inside_the_epoch_loop(model, optimizer, loss_fn, train_loader, val_lo
     [
         (zero_grad_between_backward_and_step, r"sits between `loss\.backward\(\)`", "built again"),
         (return_inside_the_epoch_loop, "returned after its first epoch", "missing_zero_grad"),
+        (_define(answers.FIT_STEP_TWICE, "fit"), "ran twice after one", "missing_zero_grad"),
     ],
 )
 def test_capstone_names_the_order_and_indentation_slips(wrong, named, not_named):
     with pytest.raises(Mistake, match=named) as caught:
         ch12.check_capstone(wrong)
     assert not_named not in str(caught.value)
+
+
+@pytest.mark.parametrize("old,new,says", [
+    ("copy.deepcopy(model).eval()", "copy.deepcopy(model)", "`no_eval_mode`"),
+    ("torch.no_grad()", "torch.enable_grad()", "`grad_enabled_in_eval`"),
+], ids=["copy in train mode", "copy recording a graph"])  # fmt: skip
+def test_a_validated_copy_is_judged_like_the_model(old, new, says):
+    wrong = answers.FIT_VALIDATES_A_COPY.replace(old, new)
+    with pytest.raises(Mistake, match=says):
+        ch12.check_capstone(_define(wrong, "fit"))
 
 
 def test_capstone_hints_name_only_the_mistake_that_was_made():
@@ -324,7 +342,8 @@ def test_hidden_cases_change_with_the_grading_seed(monkeypatch):
 def test_the_target_accuracy_is_reachable_by_a_plain_loop_for_any_seed(seed):
     case = {**ch12.fit_cases()[0], "device": "cpu", "seed": 1000 + seed}
     assert ch12.observe_fit(plain_validated_fit, case) == {
-        "the check's hook on the model was left in place": True,
+        "the check's hooks on the model were left in place": True,
+        "updates with no backward pass since the update before": 0,
         "loop doctor's findings": "none",
         "validation forwards with Dropout on": 0,
         "validation forwards that recorded a graph": 0,

@@ -16,7 +16,8 @@ and then diverges, so that only the last loss against the first tells.
 
 The capstone is judged by facts, not by comparing numbers with the reference: the loop doctor's
 finding codes on its own small problem; and on the spiral, how many updates the given optimizer
-made, whether a complete validation pass (in eval mode, without a graph) followed every epoch,
+made (and whether any came with no backward pass since the one before), whether a complete
+validation pass (in eval mode, without a graph; of the model or a copy of it) followed every epoch,
 and whether the model reaches `TARGET_ACCURACY` within `EPOCHS` epochs. The learner half is
 `forge_course.observe.ch12`.
 """
@@ -350,6 +351,20 @@ def _fit_zero_grad_before_step(model, optimizer, loss_fn, train_loader, val_load
     return model
 
 
+def _fit_step_twice(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+            optimizer.step()
+        _evaluate(model, val_loader, loss_fn, device)
+    return model
+
+
 def _fit_returns_in_the_loop(model, optimizer, loss_fn, train_loader, val_loader, epochs,
                              device):  # fmt: skip
     model.to(device)
@@ -401,6 +416,12 @@ FIT_MISTAKES = [
         "clears the gradients backward has just computed, so every step finds none and the "
         "weights never move. Clear them before the forward pass (or after the step).",
         _fit_zero_grad_before_step,
+    ),
+    (
+        "`optimizer.step()` ran twice after one `loss.backward()`: the second step applied the "
+        "same gradients again, so every batch made two updates. Call `optimizer.step()` once "
+        "per training batch.",
+        _fit_step_twice,
     ),
     (
         "`fit` returned after its first epoch: the `return` is indented inside the epoch loop. "

@@ -9,6 +9,7 @@ no reference and no expected value: it names what it sees).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -25,10 +26,14 @@ SMOKE, FIT = "ch12_smoke_test", "ch12_capstone"
 
 
 class _NoStep(torch.optim.SGD):
-    """An optimizer whose `step` does nothing: the loop behaves as if `step()` were missing."""
+    """An optimizer whose `step` leaves the weights alone: the loop behaves as if `step()` were
+    missing. Like any optimizer, it runs a closure it is given and returns its loss."""
 
     def step(self, closure=None):
-        return None
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
 
 
 def _rebuilt_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -117,9 +122,10 @@ def label_smoke(case: dict) -> str:
 def observe_smoke(fn, case: dict) -> dict:
     """Run ``fn`` on the case's setup: what it built, how its optimizers stepped, what it said.
 
-    The factories count what they build; every parameter of every model built gets a gradient
-    hook that counts the backward passes reaching it, and every optimizer built a step pre-hook
-    that counts its steps and whether ``.grad`` held anything at each. After the call the hooks
+    The factories count what they build; the first parameter of every model built gets a
+    gradient hook that counts the backward passes reaching it, and every optimizer built a step
+    post-hook that counts its steps and whether ``.grad`` held anything at each. A post-hook, so
+    that ``step(closure)`` counts the gradients its closure computed. After the call the hooks
     are checked to be still in place.
     """
     make_model, make_optimizer, loss_fn, batch = smoke_setup(case)
@@ -143,7 +149,7 @@ def observe_smoke(fn, case: dict) -> dict:
 
     def counted_optimizer(params):
         optimizer = make_optimizer(params)
-        optimizers.append((optimizer, optimizer.register_step_pre_hook(on_step)))
+        optimizers.append((optimizer, optimizer.register_step_post_hook(on_step)))
         return optimizer
 
     with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
@@ -152,7 +158,7 @@ def observe_smoke(fn, case: dict) -> dict:
             steps=case["steps"], case=label_smoke(case),
         )  # fmt: skip
     intact = all(
-        handle.id in optimizer._optimizer_step_pre_hooks and "step" not in vars(optimizer)
+        handle.id in optimizer._optimizer_step_post_hooks and "step" not in vars(optimizer)
         for optimizer, handle in optimizers
     ) and all(handle.id in (param._backward_hooks or {}) for param, handle in models)
     if not (isinstance(result, tuple | list) and len(result) == 2):
@@ -206,23 +212,56 @@ def validation_accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> f
         return (model(X.to(device)).argmax(dim=1) == y.to(device)).double().mean().item()
 
 
+@dataclass
+class _Forward:
+    kind: str  # "train", "val" or "other", by the rows that went in
+    rows: frozenset
+    dropout: bool  # a Dropout module of the model that ran it was in train mode
+    graph: bool = False  # its output recorded a graph (set when the last layer has run)
+
+
+class _Hook:
+    """A hook of `_Forwards` on the model, or on a deep copy of it.
+
+    `copy.deepcopy(model)` (a snapshot validated in the model's place) copies the hooks too: the
+    copy's hook records into the same `_Forwards`, and reads the copy's own Dropout modules, so a
+    validated copy counts as a validation of the weights it was copied from.
+    """
+
+    def __init__(self, method, model: nn.Module) -> None:
+        self.method = method
+        self.model = model
+
+    def __call__(self, module: nn.Module, *args):
+        return self.method(self.model, *args)
+
+    def __deepcopy__(self, memo: dict) -> _Hook:
+        # When the whole model is copied, `memo` already maps it to its copy.
+        return _Hook(self.method, memo.get(id(self.model), self.model))
+
+
 class _Forwards:
     """Every forward of the spiral's model, told apart by what went in, not by which loader.
 
     A forward pre-hook on the first layer sees the raw inputs, however the loop reaches the
     model (`model(x)`, `model.forward(x)`) and wherever the batches came from (the loaders, or
-    copies moved to the device once). A batch of validation rows is a validation forward.
+    copies moved to the device once). A batch of validation rows is a validation forward. A
+    forward hook on the last layer, whose output is the model's, sees whether a graph was
+    recorded: only when autograd was on and something required gradients.
     """
 
     def __init__(self, model: nn.Module, X_train: torch.Tensor, X_val: torch.Tensor) -> None:
-        self.model = model
         self.train_rows = set(map(tuple, X_train.tolist()))
         self.val_rows = set(map(tuple, X_val.tolist()))
-        self.records: list[tuple[str, frozenset, bool, bool]] = []
-        self.layer = next(m for m in model.modules() if isinstance(m, nn.Linear))
-        self.handle = self.layer.register_forward_pre_hook(self._seen)
+        self.records: list[_Forward] = []
+        linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        self.first, self.last = linear[0], linear[-1]
+        self.handles = [
+            self.first.register_forward_pre_hook(_Hook(self._seen, model)),
+            self.last.register_forward_hook(_Hook(self._output, model)),
+        ]
 
-    def _seen(self, module: nn.Module, args: tuple) -> None:
+    def _seen(self, model: nn.Module, args: tuple) -> None:
         x = args[0] if args and isinstance(args[0], torch.Tensor) else None
         rows = frozenset(map(tuple, x.detach().cpu().tolist())) if x is not None else frozenset()
         if rows and rows <= self.val_rows:
@@ -231,30 +270,67 @@ class _Forwards:
             kind = "train"
         else:
             kind = "other"
-        dropout = any(m.training for m in self.model.modules() if isinstance(m, nn.Dropout))
-        self.records.append((kind, rows, torch.is_grad_enabled(), dropout))
+        dropout = any(m.training for m in model.modules() if isinstance(m, nn.Dropout))
+        self.records.append(_Forward(kind, rows, dropout))
+
+    def _output(self, model: nn.Module, args: tuple, output) -> None:
+        if self.records and isinstance(output, torch.Tensor):
+            self.records[-1].graph = output.grad_fn is not None
 
     def intact(self) -> bool:
-        """The hook is still where the check put it."""
-        return self.handle.id in self.layer._forward_pre_hooks
+        """The hooks are still where the check put them."""
+        first, last = self.handles
+        return first.id in self.first._forward_pre_hooks and last.id in self.last._forward_hooks
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
     def validated_epochs(self) -> int:
         """Runs of validation forwards that come after training forwards and see every
         validation example: one per epoch validated."""
         count, trained, covered, in_run = 0, False, set(), False
-        for kind, indices, _, _ in [*self.records, ("end", frozenset(), False, False)]:
-            if kind == "val":
-                covered, in_run = (covered | indices if in_run else set(indices)), True
+        for record in [*self.records, _Forward("end", frozenset(), False)]:
+            if record.kind == "val":
+                covered, in_run = (covered | record.rows if in_run else set(record.rows)), True
                 continue
             if in_run and trained and covered == self.val_rows:
                 count += 1
             in_run = False
-            trained = trained or kind == "train"
+            trained = trained or record.kind == "train"
         return count
 
     def count(self, what: str) -> int:
-        val = [r for r in self.records if r[0] == "val"]
-        return sum(r[3] for r in val) if what == "dropout" else sum(r[2] for r in val)
+        val = [r for r in self.records if r.kind == "val"]
+        return sum(r.dropout for r in val) if what == "dropout" else sum(r.graph for r in val)
+
+
+class _RepeatedSteps:
+    """Steps of the given optimizer that found gradients in `.grad` but no backward pass since
+    its step before: `optimizer.step()` called twice for one `loss.backward()`.
+
+    A post-hook, so that ``step(closure)``, whose closure runs backward inside the step, counts
+    as fresh; gradient hooks on the original parameters, which a deep copy does not take along.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.count = 0
+        self.fresh = False  # a backward pass reached the weights since the last step
+        self.handles = [p.register_hook(self._backward) for p in model.parameters()]
+        self.handles.append(optimizer.register_step_post_hook(self._stepped))
+
+    def _backward(self, grad: torch.Tensor) -> None:
+        self.fresh = True
+
+    def _stepped(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
+        if not self.fresh and any(g is not None and bool(g.any()) for g in grads):
+            self.count += 1
+        self.fresh = False
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 def label_fit(case: dict) -> str:
@@ -280,12 +356,14 @@ def observe_fit(fn, case: dict) -> dict:
             problem = spiral_problem(case["seed"])
             model, optimizer, loss_fn, train_loader, val_loader, X_train, X_val, y_val = problem
             forwards = _Forwards(model, X_train, X_val)
+            repeated = _RepeatedSteps(model, optimizer)
             call_answer(
                 FIT, "fit", fn, model, optimizer, loss_fn, train_loader, val_loader, epochs,
                 device, case=label_fit(case),
             )  # fmt: skip
             intact = forwards.intact()
-            forwards.handle.remove()
+            forwards.remove()
+            repeated.remove()
             accuracy = validation_accuracy(model, X_val, y_val)
         report = diagnose(_as_learner(fn), device=device)
     finally:
@@ -294,7 +372,8 @@ def observe_fit(fn, case: dict) -> dict:
         f"{f.code} ({f.evidence})" if f.code == "fit_raised" else f.code for f in report.findings
     ]
     return {
-        "the check's hook on the model was left in place": intact,
+        "the check's hooks on the model were left in place": intact,
+        "updates with no backward pass since the update before": repeated.count,
         # One string, so that a failed check prints the codes themselves.
         "loop doctor's findings": ", ".join(findings) or "none",
         "validation forwards with Dropout on": forwards.count("dropout"),

@@ -63,6 +63,23 @@ def smoke_test(make_model, make_optimizer, loss_fn, batch, steps=10):
     return list(history), bool(last < first)
 """
 
+# Correct, with `step(closure)`: the closure clears, runs forward and backward, returns the loss.
+SMOKE_CLOSURE = """
+def smoke_test(make_model, make_optimizer, loss_fn, batch, steps=10):
+    model = make_model()
+    optimizer = make_optimizer(model.parameters())
+    x, y = batch
+
+    def closure():
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        return loss
+
+    losses = [optimizer.step(closure).item() for _ in range(steps)]
+    return losses, losses[-1] < losses[0]
+"""
+
 FIT_NO_ZERO_GRAD = """
 def fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
     model.to(device)
@@ -159,6 +176,62 @@ def fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
                 model(x.to(device))
 """
 
+FIT_STEP_TWICE = """
+def fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss = loss_fn(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for x, y in val_loader:
+                model(x.to(device))
+    return model
+"""
+
+# Correct: validates a snapshot, `copy.deepcopy(model)` in eval mode, as for an averaged copy.
+FIT_VALIDATES_A_COPY = """
+import copy
+
+
+def fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss_fn(model(x.to(device)), y.to(device)).backward()
+            optimizer.step()
+        snapshot = copy.deepcopy(model).eval()
+        with torch.no_grad():
+            for x, y in val_loader:
+                snapshot(x.to(device))
+    return model
+"""
+
+# Correct: no `no_grad`, but nothing requires gradients while validating, so no graph is made.
+FIT_FREEZES_TO_VALIDATE = """
+def fit(model, optimizer, loss_fn, train_loader, val_loader, epochs, device):
+    model.to(device)
+    for _ in range(epochs):
+        model.train()
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss_fn(model(x.to(device)), y.to(device)).backward()
+            optimizer.step()
+        model.eval()
+        model.requires_grad_(False)
+        for x, y in val_loader:
+            model(x.to(device))
+        model.requires_grad_(True)
+    return model
+"""
+
 # Correct, but unlike the solution: inference_mode, clipping, a per-batch OneCycleLR stepped
 # after the optimizer, validation in a helper that restores each module's own mode.
 FIT_ALTERNATIVE = """
@@ -206,6 +279,7 @@ WRONG = {
         (FIT_MODE_NOT_RESTORED, {"ch12_capstone_tests": "`train_mode_not_restored`"}),
         (FIT_ZERO_GRAD_BEFORE_STEP, {"ch12_capstone_tests": "sits between `loss.backward()`"}),
         (FIT_RETURNS_IN_THE_LOOP, {"ch12_capstone_tests": "returned after its first epoch"}),
+        (FIT_STEP_TWICE, {"ch12_capstone_tests": "ran twice after one `loss.backward()`"}),
     ],
     "ch12_questions": [
         (
