@@ -72,6 +72,8 @@ SETUP_ERROR = '{\\"setup_error\\": \\"RuntimeError: CUDA error: the GPU of the g
 DONE = '{\\"done\\": true}\\n'
 EXIT = "pkgutil.resolve_name('os._exit')(0)\n"  # a spelling the static scan cannot see
 
+KEPT = "import traceback\n\n\nclass Kept:\n    frames = []\n    error = ValueError('kept')\n\n\n"
+
 # name -> (answers, {test: status it must end with}); tests not named must score full.
 ATTACKS = {
     # Reaching an answer: nothing of the references, the grader half or the course is inside.
@@ -142,6 +144,20 @@ ATTACKS = {
     "trace_hook": ({TRAIN: "import threading\n" + _answer_with(
         "threading.setprofile(None)\nimport pkgutil\n"
         "pkgutil.resolve_name('sys.settrace')(lambda *a: None)\ngot = 0.0")},
+        {TRAIN_TEST: "tampered"}),
+    # The cell's own exception, raised through the worker and kept: its traceback leads to the
+    # worker's frames (the job's hidden cases, the observer, the channel) only through a frame,
+    # and traceback's summaries read frames for themselves, not for a function slipped between.
+    "frames_through_map": ({TRAIN: KEPT + STEP + "    traceback.StackSummary.extract(map(\n"
+        "        Kept.frames.append, traceback.walk_tb(Kept.error.__traceback__)))\n"
+        "    return float(len(Kept.frames))\nraise Kept.error\n"}, {TRAIN_TEST: "tampered"}),
+    "frames_through_filter": ({TRAIN: KEPT + STEP + "    list(traceback.StackSummary._extract_"
+        "from_extended_frame_gen(filter(\n        Kept.frames.append, traceback._walk_tb_with_"
+        "full_positions(Kept.error.__traceback__))))\n    return float(len(Kept.frames))\n"
+        "raise Kept.error\n"}, {TRAIN_TEST: "tampered"}),
+    "locals_through_a_summary": ({TRAIN: KEPT + STEP + "    summary = traceback.TracebackException("
+        "\n        ValueError, Kept.error, Kept.error.__traceback__, capture_locals=True)\n"
+        "    return float(len(str([f.locals for f in summary.stack])))\nraise Kept.error\n"},
         {TRAIN_TEST: "tampered"}),
     "shared_memory": ({HAND: "import pkgutil\n"
         "pkgutil.resolve_name('multiprocessing.shared_memory.SharedMemory')("

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import itertools
 import json
 import os
 import random
@@ -49,7 +50,9 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import types
+import warnings
 from errno import EMFILE
 
 PR_SET_DUMPABLE = 4
@@ -184,6 +187,39 @@ def _evidence(names: list[str]) -> str:
     return '{"tampered": [' + ", ".join(quoted) + "]}\n"
 
 
+# traceback's generators that yield a traceback's frames, and the summary they feed (its own
+# method from Python 3.11, `extract` itself before).
+_EXTRACTS = getattr(
+    traceback.StackSummary, "_extract_from_extended_frame_gen", traceback.StackSummary.extract
+).__func__
+_WALKS = {traceback.walk_tb.__code__}
+if hasattr(traceback, "_walk_tb_with_full_positions"):  # Python 3.11 and later
+    _WALKS.add(traceback._walk_tb_with_full_positions.__code__)
+
+
+def _handed_on_whole(walk: types.FrameType, consumer: types.FrameType) -> bool:
+    """Whether the frames that ``walk`` (a `traceback.walk_tb` generator's frame) yields go to
+    traceback's own summary and no further: ``consumer``, the code resuming it, must iterate that
+    very generator (not a ``map`` or ``filter`` around it, which would hand each frame to a
+    function of the caller's), into a summary that keeps no locals."""
+    given = consumer.f_locals.get("frame_gen")
+    if type(given) is itertools.islice:  # the summary's own `limit`: what it wraps counts
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12 and 3.13
+            try:
+                given = given.__reduce__()[1][0]
+            except TypeError:  # Python 3.14 pickles no islice: refuse rather than guess
+                return False
+    if type(given) is not types.GeneratorType or given.gi_frame is not walk:
+        return False
+    summary = consumer if consumer.f_code is _EXTRACTS.__code__ else consumer.f_back
+    return (
+        summary is not None
+        and summary.f_code is _EXTRACTS.__code__
+        and summary.f_locals.get("capture_locals") is False
+    )
+
+
 def _frame_readers() -> dict:
     """Library code that takes a frame for its own use and hands none on, by code object, with
     the code that must be calling it (None: any). A frame handed to learner code would lead,
@@ -191,14 +227,13 @@ def _frame_readers() -> dict:
     import collections
     import enum
     import logging
-    import traceback
     import typing
 
     import typing_extensions
 
     extract = traceback.StackSummary.extract.__func__.__code__
     gathers = {c for c in extract.co_consts if isinstance(c, types.CodeType)}
-    gathers.add(traceback.StackSummary._extract_from_extended_frame_gen.__func__.__code__)
+    gathers.add(_EXTRACTS.__code__)
     readers: dict = {
         traceback.format_stack: None,
         traceback.extract_stack: None,
@@ -225,6 +260,7 @@ def _install_audit_hook(write_now) -> None:
     learner code, the hook is not.
     """
     refused, readers, evidence = dict(REFUSED_EVENTS), _frame_readers(), _evidence
+    walks, handed_on_whole = frozenset(_WALKS), _handed_on_whole
     frame_of, thread_id, missing = sys._getframe, threading.get_ident, object()
     looking: set[int] = set()  # threads in the hook's own frame lookup (which raises an event)
 
@@ -248,9 +284,11 @@ def _install_audit_hook(write_now) -> None:
         try:
             reader = frame_of(1)  # the code that asked
             callers = readers.get(reader.f_code, missing)
+            consumer = reader.f_back
             allowed = callers is None or (
-                callers is not missing and reader.f_back is not None
-                and reader.f_back.f_code in callers
+                callers is not missing and consumer is not None
+                and consumer.f_code in callers
+                and (reader.f_code not in walks or handed_on_whole(reader, consumer))
             )  # fmt: skip
         finally:
             looking.discard(thread_id())
