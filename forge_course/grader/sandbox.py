@@ -638,7 +638,8 @@ def _messages(output: str) -> list[dict]:
 
 
 def _why_it_died(code: int, messages: list[dict]) -> tuple[str, str]:
-    text = " ".join(str(m.get("error", "")) + str(m.get("mistake", "")) for m in messages)
-    if "MemoryError" in text or code in (-signal.SIGKILL, -signal.SIGSEGV, -signal.SIGXCPU):
+    # A limit the worker named by the exception's type (`worker._limit_of`), never by its text.
+    named = any(m.get("limit") for m in messages)
+    if named or code in (-signal.SIGKILL, -signal.SIGSEGV, -signal.SIGXCPU):
         return "resource limit", f"the worker exceeded a limit (exit {code})"
     return "crashed", f"the worker ended before finishing (exit {code})"
