@@ -325,7 +325,8 @@ def graph_nodes(tensor):
 
 
 # %% nbgrader={"grade_id": "ch01_graph_walk_tests", "grade": true, "points": 2}
-# Visible tests: the running example, a·b + c·d, a constant operand, and a leaf.
+# Visible tests: the running example (and h·h + h, h = sigmoid(x)), a·b + c·d, a constant
+# operand, and a leaf.
 from forge_course.grading import ch01
 
 ch01.check_graph_walk(graph_nodes)

@@ -71,9 +71,24 @@ def test_training_arithmetic_accepts_correct_answers_in_any_style(answer):
     "message,wrong", ch00.ARITHMETIC_MISTAKES, ids=range(len(ch00.ARITHMETIC_MISTAKES))
 )
 def test_training_arithmetic_names_each_known_mistake(message, wrong):
+    # Thorough: N < B with drop_last, the only case where a last batch of B is wrong, is hidden.
     with pytest.raises(Mistake) as caught:
-        ch00.check_training_arithmetic(wrong)
+        ch00.check_training_arithmetic(wrong, thorough=True)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "source,phrase",
+    [
+        (source, said["ch00_training_arithmetic_tests"])
+        for source, said in answers.WRONG["ch00_training_arithmetic"]
+    ],
+)
+def test_training_arithmetic_wrong_answers_get_their_message(source, phrase):
+    with pytest.raises(Mistake) as caught:
+        ch00.check_training_arithmetic(defined(source, "training_arithmetic"), thorough=True)
+    assert phrase in str(caught.value)
+    assert "something else differs too" not in str(caught.value)
 
 
 def test_float_counts_are_not_whole_numbers():

@@ -48,11 +48,24 @@ def test_graph_walk_names_each_known_mistake(message, wrong):
     (answers.GRAPH_WALK_NO_SEEN_SET, "is listed twice"),
     (answers.GRAPH_WALK_RECURSIVE, "the order is depth-first"),
     (answers.GRAPH_WALK_NO_NONE_CHECK, "Skip `None` wherever it appears"),
+    (answers.GRAPH_WALK_REVERSED_INPUTS, "inputs are queued in reverse"),
+    (answers.GRAPH_WALK_STACK, "from the end of a stack"),
 ])  # fmt: skip
 def test_graph_walk_wrong_answers_get_their_message(source, phrase):
     with pytest.raises(Mistake, match="ch01_graph_walk") as caught:
         ch01.check_graph_walk(defined(source, "graph_nodes"))
     assert phrase in str(caught.value)
+
+
+def test_graph_walk_tells_a_stack_from_reversed_inputs_on_the_first_case():
+    # Both list the running example's names alike; the graph walked with it tells them apart.
+    case = ch01.graph_walk_cases()[0]
+    stack, reversed_inputs = (
+        ch01.observe_graph_walk(defined(source, "graph_nodes"), case)
+        for source in (answers.GRAPH_WALK_STACK, answers.GRAPH_WALK_REVERSED_INPUTS)
+    )
+    assert stack["the result"] == reversed_inputs["the result"]
+    assert stack != reversed_inputs
 
 
 def test_graph_walk_explains_walking_the_tensor_and_returning_nodes():
@@ -140,6 +153,23 @@ def test_logsumexp_square_batch_catches_the_missing_unsqueeze_silently_broadcast
                 (m, lambda w=w: ch01.observe_logsumexp(w, case)) for m, w in ch01.LOGSUMEXP_MISTAKES
             ],
         )
+
+
+def test_logsumexp_says_whether_forward_or_backward_raised():
+    # The same broadcasting error: in forward it is the maximum, in backward grad_output.
+    with pytest.raises(Mistake) as caught:
+        ch01.check_logsumexp(defined(answers.LOGSUMEXP_FORWARD_NO_KEEPDIM, "LogSumExp"))
+    assert "must match the size of tensor" in str(caught.value)
+    assert "`x.amax(dim)` without `keepdim=True`" in str(caught.value)
+    assert "grad_output" not in str(caught.value)
+
+    def backward(ctx, grad_output):  # grad_output broadcast along the wrong axis: 3 against 4
+        return ctx.saved_tensors[1] * grad_output.unsqueeze(0), None
+
+    with pytest.raises(Mistake) as caught:
+        ch01.check_logsumexp(ch01._lse_function(ch01._forward_stable, backward))
+    assert "must match the size of tensor" in str(caught.value)
+    assert "`grad_output` has the summed dimension removed" in str(caught.value)
 
 
 def test_logsumexp_explains_the_usual_crashes():
@@ -336,8 +366,10 @@ def test_calling_the_reference_does_not_score():
 
 def test_observations_are_plain_data():
     plain = (str, bool, int, float, list, torch.Tensor, type(None))
-    case = ch01.graph_walk_cases()[0]
-    assert all(isinstance(v, str) for v in ch01.observe_graph_walk(copied(ref.graph_nodes), case))
+    for case in ch01.graph_walk_cases()[:2]:  # the first walks a second graph too: two lists
+        seen = ch01.observe_graph_walk(copied(ref.graph_nodes), case)
+        lists = seen.values() if isinstance(seen, dict) else [seen]
+        assert all(isinstance(v, str) for listed in lists for v in listed)
     for obs in (
         ch01.observe_logsumexp(copied(ref.LogSumExp), ch01.logsumexp_cases()[1]),
         ch01.observe_straight_through(copied(ref.RoundSTE).apply, ch01.straight_through_cases()[0]),

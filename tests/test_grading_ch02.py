@@ -114,6 +114,10 @@ def test_known_wrong_datasets_never_crash_on_a_case(wrong):
          "a word missing from the vocabulary"),
         (LIST_STYLE.replace("text, label in reader]", "text, label in (l.split(',') for l in f)]"),
          "inside quotes"),
+        (LIST_STYLE.replace("return len(self.rows)", "return len(self.rows) + 1"),
+         "the header `text,label` (or an empty line at the end of the file) is not a review"),
+        (LIST_STYLE.replace("return len(self.rows)", "return len(self.rows) + 2"),
+         "len(dataset) should be 164, the number of reviews in the file, but it is 166"),
     ],
 )  # fmt: skip
 def test_csv_dataset_explains_wrong_answers(cells, source, phrase):

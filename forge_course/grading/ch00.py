@@ -136,17 +136,29 @@ def _wrong_arithmetic(
     effective_is_b=False,
     updates_over_run=False,
     micro_is_updates=False,
+    one_too_many=False,
+    iters_only_rounded_down=False,
+    last_full_when_none=False,
+    seen_full_batches=False,
+    micro_per_epoch=False,
+    total_per_epoch=False,
+    seen_per_epoch=False,
 ):
     def wrong(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
         n, b, k = dataset_size, batch_size, accum_steps
         dropping = drop_last and not ignore_drop_last
         rounds_down = dropping or floor_count
-        iters = n // b if rounds_down else -(-n // b)
+        if rounds_down or (iters_only_rounded_down and not drop_last):
+            iters = n // b
+        elif one_too_many:
+            iters = n // b + 1
+        else:
+            iters = -(-n // b)
         if rounds_down:
-            last = b if iters else 0
+            last = b if iters or last_full_when_none else 0
         else:
             last = n % b if last_is_remainder else n - (iters - 1) * b
-        seen = iters * b if rounds_down and not dropped_are_seen else n
+        seen = iters * b if (rounds_down and not dropped_are_seen) or seen_full_batches else n
         if naive_tail:
             per_epoch = iters // k
         elif updates_floor_n:
@@ -159,15 +171,23 @@ def _wrong_arithmetic(
         return {
             "iters_per_epoch": iters,
             "last_batch_size": last,
-            "micro_steps": total if micro_is_updates else iters * epochs,
+            "micro_steps": total
+            if micro_is_updates
+            else iters * (1 if micro_per_epoch else epochs),
             "updates_per_epoch": per_epoch,
-            "total_updates": total,
+            "total_updates": per_epoch if total_per_epoch else total,
             "effective_batch_size": b if effective_is_b else b * k,
-            "examples_seen": seen * epochs,
+            "examples_seen": seen * (1 if seen_per_epoch else epochs),
         }
 
     return wrong
 
+
+_ROUNDED_DOWN = (
+    "I = N / B is rounded down (`N // B`, `int(N / B)`) or to the nearest (`round(N / B)`: "
+    "10,000 / 32 = 312.5 rounds to 312), so the partial last batch is lost. Without "
+    "`drop_last` it is still a micro-batch: an epoch has I = ceil(N / B) of them."
+)
 
 ARITHMETIC_MISTAKES = [
     (
@@ -220,6 +240,39 @@ ARITHMETIC_MISTAKES = [
         "micro_steps counts forward and backward passes, one per micro-batch (I × epochs), "
         "whatever K is; optimizer updates are total_updates.",
         _wrong_arithmetic(micro_is_updates=True),
+    ),
+    (
+        "`N // B + 1` (or `int(N / B) + 1`) is one batch too many when B divides N: then there "
+        "is no partial batch, and I = N / B. `math.ceil(N / B)` is right in both cases.",
+        _wrong_arithmetic(one_too_many=True),
+    ),
+    (_ROUNDED_DOWN, _wrong_arithmetic(iters_only_rounded_down=True)),
+    (_ROUNDED_DOWN, _wrong_arithmetic(iters_only_rounded_down=True, last_is_remainder=True)),
+    (
+        "with `drop_last=True` and N < B there is not one full batch: the epoch has no "
+        "micro-batch at all, so last_batch_size is 0, not B.",
+        _wrong_arithmetic(last_full_when_none=True),
+    ),
+    (
+        "without `drop_last` the last batch holds only the N − (I − 1)·B examples left over, "
+        "so an epoch sees each of the N examples once: examples_seen = N × epochs, not I·B × "
+        "epochs.",
+        _wrong_arithmetic(seen_full_batches=True),
+    ),
+    (
+        "micro_steps counts the micro-batches of the whole run, not of one epoch: "
+        "iters_per_epoch × epochs.",
+        _wrong_arithmetic(micro_per_epoch=True),
+    ),
+    (
+        "total_updates counts the updates of the whole run, not of one epoch: "
+        "updates_per_epoch × epochs.",
+        _wrong_arithmetic(total_per_epoch=True),
+    ),
+    (
+        "examples_seen counts the examples of the whole run, not of one epoch: "
+        "the examples of one epoch × epochs.",
+        _wrong_arithmetic(seen_per_epoch=True),
     ),
 ]
 

@@ -25,6 +25,7 @@ from forge_course.grading.core import Exercise, Mistake, grading_seed
 from forge_course.observe.ch01 import (
     GRAPH_WALK_ID,
     LOGSUMEXP_ID,
+    RAISED_IN,
     STRAIGHT_THROUGH_ID,
     WATCH_INTACT,
     label_graph_walk,
@@ -54,7 +55,7 @@ VISIBLE_EXPRESSIONS = ("running example", "two products", "constant operand", "a
 def graph_walk_cases(thorough: bool = False) -> list[dict]:
     """Four expressions on the CPU; thorough: every expression on every device, random sizes."""
     if not thorough:
-        return [{"expression": e, "device": "cpu", "seed": 0} for e in VISIBLE_EXPRESSIONS]
+        return [_also({"expression": e, "device": "cpu", "seed": 0}) for e in VISIBLE_EXPRESSIONS]
     rng = random.Random(grading_seed())
     names = [
         *VISIBLE_EXPRESSIONS,
@@ -68,19 +69,37 @@ def graph_walk_cases(thorough: bool = False) -> list[dict]:
         "sum of products",
     ]
     return [
-        {
-            "expression": name,
-            "device": str(device),
-            "seed": rng.randrange(2**31),
-            "n": rng.randint(2, 5),
-        }
+        _also(
+            {
+                "expression": name,
+                "device": str(device),
+                "seed": rng.randrange(2**31),
+                "n": rng.randint(2, 5),
+            }
+        )
         for device in available_devices()
         for name in names
     ]
 
 
+def _also(case: dict) -> dict:
+    """The running example, with h·h + h walked as well: on the running example a walk from the
+    end of a stack and one that takes each node's inputs in reverse give the same names, and
+    h·h + h tells them apart (`observe_graph_walk`)."""
+    if case["expression"] != "running example":
+        return case
+    return {**case, "also": "shared subexpression"}
+
+
 def _walk(
-    tensor, *, queue=True, seen_by="node", name=lambda n: type(n).__name__, leaves=True, root=True
+    tensor,
+    *,
+    queue=True,
+    seen_by="node",
+    name=lambda n: type(n).__name__,
+    leaves=True,
+    root=True,
+    reverse=False,
 ):
     """A configurable walk, to reproduce the usual wrong answers exactly."""
     if tensor.grad_fn is None:
@@ -94,7 +113,8 @@ def _walk(
         if seen_by == "name" and name(node) in names:
             continue
         names.append(name(node))
-        for nxt, _ in node.next_functions:
+        inputs = node.next_functions[::-1] if reverse else node.next_functions
+        for nxt, _ in inputs:
             if nxt is None or (seen_by == "node" and nxt in seen):
                 continue
             seen.add(nxt)
@@ -132,6 +152,12 @@ GRAPH_WALK_MISTAKES = [
     (_DEPTH_FIRST, _depth_first),  # by recursion
     (_DEPTH_FIRST, lambda t: _walk(t, queue=False)),  # from the end of a stack
     (
+        "each node's inputs are queued in reverse. Breadth-first takes them in the order "
+        "`next_functions` lists them: `for next_node, _ in node.next_functions`, not "
+        "`reversed(...)` or `[::-1]`.",
+        lambda t: _walk(t, reverse=True),
+    ),
+    (
         "nodes are told apart by their names. Two different operations can have the same class "
         "name (two products are two `MulBackward0` nodes): remember the node objects you have "
         "seen, not their names.",
@@ -167,8 +193,13 @@ def _prepare_graph_walk(seen, target, case: dict):
     """An error, or nodes where names belong, explained before any comparison."""
     if isinstance(seen, dict) and "raised" in seen:
         raise _with_hint(GRAPH_WALK_ID, seen["raised"], GRAPH_WALK_ERRORS)
-    if isinstance(seen, list) and any(
-        isinstance(item, dict) and "autograd node" in item for item in seen
+    # A case that walks a second graph observes a dict of the two lists.
+    lists = list(seen.values()) if isinstance(seen, dict) else [seen]
+    if any(
+        isinstance(item, dict) and "autograd node" in item
+        for listed in lists
+        if isinstance(listed, list)
+        for item in listed
     ):
         raise Mistake(
             GRAPH_WALK_ID,
@@ -247,6 +278,14 @@ def logsumexp_cases(thorough: bool = False) -> list[dict]:
             ]
     return cases
 
+
+# What an error raised in `forward` usually means; those below, raised in `backward`.
+LOGSUMEXP_FORWARD_ERRORS = {
+    "must match the size of tensor": "in `forward`, a tensor reduced over `dim` has lost that "
+    "dimension, so it no longer lines up with `x`: the maximum `x.amax(dim)` without "
+    "`keepdim=True`, or a sum you divide by. Keep the dimension with `keepdim=True` (or put it "
+    "back with `.unsqueeze(dim)`, at `dim` itself, not at the end), and squeeze only the result.",
+}
 
 LOGSUMEXP_ERRORS = {
     "must match the size of tensor": "`grad_output` has the summed dimension removed. "
@@ -472,7 +511,9 @@ def _prepare_logsumexp(seen, target, case: dict):
                 f"{list(value.shape)} (case: {label_logsumexp(case)}).\n"
                 f"Likely mistake: {_KEEPDIM}",
             )
-        raise _with_hint(LOGSUMEXP_ID, seen["raised"], LOGSUMEXP_ERRORS)
+        in_forward = seen.get(RAISED_IN) == "forward"
+        hints = LOGSUMEXP_FORWARD_ERRORS if in_forward else LOGSUMEXP_ERRORS
+        raise _with_hint(LOGSUMEXP_ID, seen["raised"], hints)
     return _snap(seen, target, _rounding_rtol(case))
 
 

@@ -7,8 +7,9 @@ Questions:
     ch02_q_unseen, ch02_q_worker_batches, ch02_q_workers (`check_number` accepts NumPy numbers).
 
 The learner half, which builds the files and loaders and calls the answer, is
-`forge_course.observe.ch02`. An answer that raises comes back from it as ``{FAILED: message}``;
-``prepare`` below turns that into a `Mistake`, with what the error usually means.
+`forge_course.observe.ch02`. An answer that raises comes back from it as ``{FAILED: message}``
+(with ``len(dataset)``, if it was read first); ``prepare`` below turns that into a `Mistake`,
+with what the error usually means.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from forge_course.observe.ch02 import (
     CSV_ID,
     FAILED,
     INIT_ID,
+    LENGTH,
     observe_csv_dataset,
     observe_worker_init,
 )
@@ -36,7 +38,7 @@ from forge_course.reference import datasets as ref
 
 def _failure(observation) -> str | None:
     """The error message an observation is, or None when it is an observation of results."""
-    if isinstance(observation, dict) and set(observation) == {FAILED}:
+    if isinstance(observation, dict) and FAILED in observation:
         return str(observation[FAILED])
     return None
 
@@ -236,13 +238,39 @@ _CSV_EXCEPTION_HINTS = [
 ]
 
 
+def _review_count(case: dict) -> int:
+    """How many reviews the case's file holds: what ``len(dataset)`` should be."""
+    return len(load_reviews()[1]) if case["rows"] is None else len(case["rows"])
+
+
+def _wrong_length(length: int, case: dict, then: str) -> Mistake:
+    """The length named first: an answer that failed later, after counting wrong, most likely
+    failed because of it (a DataLoader asks for every index below ``len(dataset)``)."""
+    n = _review_count(case)
+    message = (
+        f"len(dataset) should be {n}, the number of reviews in the file, but it is {length} "
+        f"(case: {_label(case)})."
+    )
+    if length == n + 1:
+        message += (
+            "\nLikely mistake: `__len__` counts one line too many: the header `text,label` (or "
+            "an empty line at the end of the file) is not a review. Return the number of "
+            "reviews you read, such as `len(self.labels)`."
+        )
+    return Mistake(CSV_ID, f"{message}\nThen {then}.")
+
+
 def _prepare_csv_dataset(observation, target, case: dict):
-    """An error of the answer becomes a `Mistake`, with a hint when its text points at a slip."""
+    """An error of the answer becomes a `Mistake`, with a hint when its text points at a slip,
+    or, if the answer got the length wrong before it failed, about the length."""
     text = _failure(observation)
     if text is None:
         return observation
     if "not written yet" in text or "reference" in text:
         raise Mistake(CSV_ID, text)
+    length = observation.get(LENGTH)
+    if isinstance(length, int) and length != _review_count(case):
+        raise _wrong_length(length, case, text)
     for pattern, hint in _CSV_EXCEPTION_HINTS:
         if re.search(pattern, text):
             raise Mistake(CSV_ID, f"{text} (case: {_label(case)}).\nLikely mistake: {hint}")

@@ -163,8 +163,13 @@ def build_expression(case: dict) -> torch.Tensor:
     raise ValueError(f"unknown expression {name!r}")
 
 
+#: How a graph that only tells walks apart is named in messages (``case["also"]``).
+SHOWN = {"shared subexpression": "h * h + h (h = x.sigmoid())"}
+
+
 def label_graph_walk(case: dict) -> str:
-    return f"{case['expression']} on {case['device']}"
+    also = f", and {SHOWN[case['also']]}," if "also" in case else ""
+    return f"{case['expression']}{also} on {case['device']}"
 
 
 def _plain_item(item):
@@ -178,8 +183,8 @@ def _plain_item(item):
     return {"object of type": type(item).__name__}
 
 
-def observe_graph_walk(fn, case: dict):
-    """What ``fn`` returns for the case's tensor: the list it returned, each item plain."""
+def _walked(fn, case: dict):
+    """The list ``fn`` returns for the case's tensor, each item plain; or what it raised."""
     out, raised = _attempt(
         GRAPH_WALK_ID, "graph_nodes", fn, build_expression(case), case=case["expression"]
     )
@@ -192,6 +197,23 @@ def observe_graph_walk(fn, case: dict):
             f"(case: {label_graph_walk(case)}).",
         )
     return [_plain_item(item) for item in out]
+
+
+def observe_graph_walk(fn, case: dict):
+    """What ``fn`` returns for the case's tensor: the list it returned, each item plain.
+
+    A case with ``also`` names a second expression, walked too: on the running example a walk
+    from the end of a stack and a queue that takes each node's inputs in reverse list the same
+    names, and the second graph tells them apart, so that each gets its own message.
+    """
+    out = _walked(fn, case)
+    if "also" not in case or isinstance(out, dict):
+        return out
+    second = {key: value for key, value in case.items() if key != "also"}
+    also = _walked(fn, {**second, "expression": case["also"]})
+    if isinstance(also, dict):
+        return also
+    return {"the result": out, f"for {SHOWN[case['also']]}, the result": also}
 
 
 # ---------------------------------------------------------------- ch01_logsumexp
@@ -261,6 +283,8 @@ IS_FUNCTION = "LogSumExp is a torch.autograd.Function"
 OWN_NODE = "the result's grad_fn is LogSumExp's own node"
 CALLS_LOGSUMEXP = "LogSumExp calls torch.logsumexp"
 WATCH_INTACT = "the check's watch on torch.logsumexp stayed in place"
+#: Which call raised: "forward" (``apply``), "backward", or "gradcheck" (both, in float64).
+RAISED_IN = "raised in"
 
 
 def observe_logsumexp(LogSumExp, case: dict) -> dict:
@@ -290,7 +314,7 @@ def _run_logsumexp(LogSumExp, apply, case: dict) -> dict:
     with _watching_writes(x) as writes:
         out, raised = _attempt(LOGSUMEXP_ID, "LogSumExp", apply, x, case["dim"], case=label)
     if raised is not None:
-        return {"raised": raised}
+        return {"raised": raised, RAISED_IN: "forward"}
     if not isinstance(out, torch.Tensor):
         raise Mistake(
             LOGSUMEXP_ID, f"`forward` should return a tensor, but it returned {out!r:.80}."
@@ -306,7 +330,7 @@ def _run_logsumexp(LogSumExp, apply, case: dict) -> dict:
     with _watching_writes(x) as in_backward:
         _, raised = _attempt(LOGSUMEXP_ID, "LogSumExp", _backward, out, upstream, case=label)
     if raised is not None:
-        return {**seen, "raised": raised}
+        return {**seen, "raised": raised, RAISED_IN: "backward"}
     seen["gradient"] = None if x.grad is None else x.grad.clone()
     seen["the logits after the call"] = x.detach().clone()
     # Last, so that a difference in what the caller sees is named first.
@@ -322,7 +346,7 @@ def _run_logsumexp(LogSumExp, apply, case: dict) -> dict:
 
         passes, raised = _attempt(LOGSUMEXP_ID, "LogSumExp", gradcheck, case=label)
         if raised is not None:
-            return {**seen, "raised": raised}
+            return {**seen, "raised": raised, RAISED_IN: "gradcheck"}
         seen["passes gradcheck"] = passes
     return seen
 

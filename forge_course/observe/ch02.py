@@ -1,7 +1,8 @@
 """Chapter 02's learner half: write each case's file, build loaders, call the answer, report.
 
 An error raised by the learner's code does not end an observation here: it comes back as
-``{FAILED: message}``, so that the grader half can add what the error usually means.
+``{FAILED: message}``, so that the grader half can add what the error usually means (with
+``len(dataset)``, where it was read before: a wrong length is often why a later step failed).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from forge_course.data import build_vocabulary, load_reviews, reviews_csv_path
 from forge_course.observe import by_value
 from forge_course.observe.common import Mistake, call_answer
 
-FAILED = "failed"  # the only key of an observation that is an error message
+FAILED = "failed"  # the key of an observation that is an error message
+LENGTH = "len(dataset)"
 
 # Workers that fork inherit the learner's functions and classes as they are; spawned workers
 # would have to import them by name, which a notebook's definitions do not allow.
@@ -85,13 +87,16 @@ def _copied_item(dataset):
 
 def observe_csv_dataset(dataset_class, case: dict) -> dict:
     """Build the dataset on the case's file; what it says about length, items, errors, loading."""
+    seen: dict = {}
     try:
-        return _observe_csv_dataset(dataset_class, case)
+        return _observe_csv_dataset(dataset_class, case, seen)
     except Mistake as mistake:
-        return _failed(CSV_ID, mistake)
+        kept = {LENGTH: seen[LENGTH]} if LENGTH in seen else {}
+        return {**_failed(CSV_ID, mistake), **kept}
 
 
-def _observe_csv_dataset(dataset_class, case: dict) -> dict:
+def _observe_csv_dataset(dataset_class, case: dict, seen: dict) -> dict:
+    """Fills ``seen`` as it goes, so that what was seen before an error is still there."""
     with tempfile.TemporaryDirectory() as folder:
         path = reviews_csv_path()
         if case["rows"] is not None:
@@ -105,8 +110,7 @@ def _observe_csv_dataset(dataset_class, case: dict) -> dict:
         dataset = call_answer(
             CSV_ID, "ReviewsDataset(path, vocabulary)", lambda: dataset_class(path, vocabulary)
         )
-        n = call_answer(CSV_ID, "len(dataset)", len, dataset)
-        seen = {"len(dataset)": n}
+        n = seen[LENGTH] = call_answer(CSV_ID, "len(dataset)", len, dataset)
         for i in case["indices"]:
             item = call_answer(CSV_ID, f"dataset[{i}]", dataset.__getitem__, i)
             seen[f"dataset[{i}]"] = _pair(item)

@@ -106,6 +106,94 @@ def training_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_la
             "examples_seen": seen * epochs}
 """
 
+ARITHMETIC_PLUS_ONE = """
+def training_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
+    if drop_last:
+        iters = dataset_size // batch_size
+        last = batch_size if iters else 0
+    else:
+        iters = int(dataset_size / batch_size) + 1
+        last = dataset_size % batch_size
+    updates = -(-iters // accum_steps)
+    seen = iters * batch_size if drop_last else dataset_size
+    return {"iters_per_epoch": iters, "last_batch_size": last, "micro_steps": iters * epochs,
+            "updates_per_epoch": updates, "total_updates": updates * epochs,
+            "effective_batch_size": batch_size * accum_steps, "examples_seen": seen * epochs}
+"""
+
+ARITHMETIC_ROUND = """
+import math
+
+def training_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
+    if drop_last:
+        iters = dataset_size // batch_size
+        last, seen = (batch_size if iters else 0), iters * batch_size
+    else:
+        iters = round(dataset_size / batch_size)
+        last, seen = dataset_size - (iters - 1) * batch_size, dataset_size
+    updates = math.ceil(iters / accum_steps)
+    return {"iters_per_epoch": iters, "last_batch_size": last, "micro_steps": iters * epochs,
+            "updates_per_epoch": updates, "total_updates": updates * epochs,
+            "effective_batch_size": batch_size * accum_steps, "examples_seen": seen * epochs}
+"""
+
+# Right on every visible case: only the hidden N < B with drop_last shows it.
+ARITHMETIC_LAST_FULL_WHEN_NONE = """
+import math
+
+def training_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
+    if drop_last:
+        iters, last = dataset_size // batch_size, batch_size
+        seen = iters * batch_size
+    else:
+        iters = math.ceil(dataset_size / batch_size)
+        last, seen = dataset_size - (iters - 1) * batch_size, dataset_size
+    updates = math.ceil(iters / accum_steps)
+    return {"iters_per_epoch": iters, "last_batch_size": last, "micro_steps": iters * epochs,
+            "updates_per_epoch": updates, "total_updates": updates * epochs,
+            "effective_batch_size": batch_size * accum_steps, "examples_seen": seen * epochs}
+"""
+
+ARITHMETIC_SEEN_FULL_BATCHES = """
+import math
+
+def training_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
+    if drop_last:
+        iters = dataset_size // batch_size
+        last = batch_size if iters else 0
+    else:
+        iters = math.ceil(dataset_size / batch_size)
+        last = dataset_size - (iters - 1) * batch_size
+    updates = math.ceil(iters / accum_steps)
+    return {"iters_per_epoch": iters, "last_batch_size": last, "micro_steps": iters * epochs,
+            "updates_per_epoch": updates, "total_updates": updates * epochs,
+            "effective_batch_size": batch_size * accum_steps,
+            "examples_seen": iters * batch_size * epochs}
+"""
+
+
+def _per_epoch(key: str) -> str:
+    """A right answer but for one count of the whole run, given for one epoch."""
+    counts = {"micro_steps": "iters", "total_updates": "updates", "examples_seen": "seen"}
+    return f"""
+import math
+
+def training_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_last=False):
+    if drop_last:
+        iters = dataset_size // batch_size
+        last, seen = (batch_size if iters else 0), iters * batch_size
+    else:
+        iters = math.ceil(dataset_size / batch_size)
+        last, seen = dataset_size - (iters - 1) * batch_size, dataset_size
+    updates = math.ceil(iters / accum_steps)
+    counts = {{"micro_steps": iters * epochs, "total_updates": updates * epochs,
+              "examples_seen": seen * epochs}}
+    counts["{key}"] = {counts[key]}
+    return {{"iters_per_epoch": iters, "last_batch_size": last, "updates_per_epoch": updates,
+            "effective_batch_size": batch_size * accum_steps, **counts}}
+"""
+
+
 SCHEDULE_NAIVE = """
 def update_schedule(dataset_size, batch_size, accum_steps, drop_last=False):
     full, rest = divmod(dataset_size, batch_size)
@@ -162,6 +250,34 @@ WRONG = {
         (
             ARITHMETIC_REMAINDER_LAST,
             {"ch00_training_arithmetic_tests": "`N % B` is 0 when B divides N"},
+        ),
+        (
+            ARITHMETIC_PLUS_ONE,
+            {"ch00_training_arithmetic_tests": "is one batch too many when B divides N"},
+        ),
+        (
+            ARITHMETIC_ROUND,
+            {"ch00_training_arithmetic_tests": "or to the nearest (`round(N / B)`"},
+        ),
+        (
+            ARITHMETIC_LAST_FULL_WHEN_NONE,
+            {"ch00_training_arithmetic_tests": "so last_batch_size is 0, not B"},
+        ),
+        (
+            ARITHMETIC_SEEN_FULL_BATCHES,
+            {"ch00_training_arithmetic_tests": "examples_seen = N × epochs, not I·B"},
+        ),
+        (
+            _per_epoch("micro_steps"),
+            {"ch00_training_arithmetic_tests": "micro_steps counts the micro-batches of the whole"},
+        ),
+        (
+            _per_epoch("total_updates"),
+            {"ch00_training_arithmetic_tests": "total_updates counts the updates of the whole run"},
+        ),
+        (
+            _per_epoch("examples_seen"),
+            {"ch00_training_arithmetic_tests": "examples_seen counts the examples of the whole"},
         ),
     ],
     "ch00_update_schedule": [

@@ -50,6 +50,39 @@ def graph_nodes(tensor):
     return names
 """
 
+GRAPH_WALK_REVERSED_INPUTS = """
+from collections import deque
+
+def graph_nodes(tensor):
+    if tensor.grad_fn is None:
+        return []
+    seen, queue, names = {tensor.grad_fn}, deque([tensor.grad_fn]), []
+    while queue:
+        node = queue.popleft()
+        names.append(type(node).__name__)
+        for next_node, _ in reversed(node.next_functions):
+            if next_node is not None and next_node not in seen:
+                seen.add(next_node)
+                queue.append(next_node)
+    return names
+"""
+
+# On the running example it lists what GRAPH_WALK_REVERSED_INPUTS lists.
+GRAPH_WALK_STACK = """
+def graph_nodes(tensor):
+    if tensor.grad_fn is None:
+        return []
+    seen, stack, names = {tensor.grad_fn}, [tensor.grad_fn], []
+    while stack:
+        node = stack.pop()
+        names.append(type(node).__name__)
+        for next_node, _ in node.next_functions:
+            if next_node is not None and next_node not in seen:
+                seen.add(next_node)
+                stack.append(next_node)
+    return names
+"""
+
 GRAPH_WALK_LIST_AS_QUEUE = """
 def graph_nodes(tensor):
     order = [] if tensor.grad_fn is None else [tensor.grad_fn]
@@ -106,6 +139,24 @@ class LogSumExp(torch.autograd.Function):
     def backward(ctx, grad_output):
         x, out = ctx.saved_tensors
         return (x - out.unsqueeze(ctx.dim)).exp() * grad_output, None
+"""
+
+# The error is raised in forward: x - m cannot broadcast a maximum that lost its dimension.
+LOGSUMEXP_FORWARD_NO_KEEPDIM = """
+class LogSumExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        m = x.amax(dim)
+        exps = torch.exp(x - m)
+        total = exps.sum(dim)
+        ctx.save_for_backward(exps / total.unsqueeze(dim))
+        ctx.dim = dim
+        return m + torch.log(total)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (softmax,) = ctx.saved_tensors
+        return softmax * grad_output.unsqueeze(ctx.dim), None
 """
 
 LOGSUMEXP_SOFTMAX_AND_MAX = """
@@ -233,11 +284,17 @@ WRONG = {
         (GRAPH_WALK_NO_SEEN_SET, {"ch01_graph_walk_tests": "is listed twice"}),
         (GRAPH_WALK_RECURSIVE, {"ch01_graph_walk_tests": "the order is depth-first"}),
         (GRAPH_WALK_NO_NONE_CHECK, {"ch01_graph_walk_tests": "Skip `None`"}),
+        (GRAPH_WALK_REVERSED_INPUTS, {"ch01_graph_walk_tests": "inputs are queued in reverse"}),
+        (GRAPH_WALK_STACK, {"ch01_graph_walk_tests": "the order is depth-first"}),
     ],
     "ch01_logsumexp": [
         (LOGSUMEXP_NAIVE, {"ch01_logsumexp_tests": "Subtract the maximum m before `exp`"}),
         (LOGSUMEXP_IGNORES_UPSTREAM, {"ch01_logsumexp_tests": "`backward` ignores `grad_output`"}),
         (LOGSUMEXP_NO_UNSQUEEZE, {"ch01_logsumexp_tests": "grad_output.unsqueeze(dim)"}),
+        (
+            LOGSUMEXP_FORWARD_NO_KEEPDIM,
+            {"ch01_logsumexp_tests": "in `forward`, a tensor reduced over `dim` has lost"},
+        ),
     ],
     "ch01_straight_through": [
         (STE_PLAIN_ROUND, {"ch01_straight_through_tests": "the gradient is all zeros"}),

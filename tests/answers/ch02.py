@@ -19,6 +19,25 @@ class ReviewsDataset(Dataset):
         return ids, torch.tensor(label)
 """
 
+# Iterating a DataLoader then asks for one index too many, and fails with an IndexError.
+CSV_LEN_COUNTS_HEADER = """
+class ReviewsDataset(Dataset):
+    def __init__(self, path, vocabulary):
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            next(reader)
+            self.rows = [(text, int(label)) for text, label in reader]
+            self.n_lines = len(self.rows) + 1
+        self.vocabulary = vocabulary
+
+    def __len__(self):
+        return self.n_lines
+
+    def __getitem__(self, index):
+        text, label = self.rows[index]
+        return encode(text, self.vocabulary), torch.tensor(label)
+"""
+
 CSV_SPLIT_ON_COMMAS = """
 class ReviewsDataset(Dataset):
     def __init__(self, path, vocabulary):
@@ -113,6 +132,10 @@ WRONG = {
         (CSV_HEADER_AS_REVIEW, {"ch02_csv_dataset_tests": "the header `text,label`"}),
         (CSV_SPLIT_ON_COMMAS, {"ch02_csv_dataset_tests": "contain a comma are cut at it"}),
         (CSV_KEEPS_FILE_OPEN, {"ch02_csv_dataset_tests": "keeps its file open"}),
+        (
+            CSV_LEN_COUNTS_HEADER,
+            {"ch02_csv_dataset_tests": "len(dataset) should be 164, the number of reviews"},
+        ),
     ],
     "ch02_worker_init": [
         (INIT_GLOBAL_SEEDS, {"ch02_worker_init_tests": "never get new seeds"}),
