@@ -303,11 +303,11 @@ except pickle.UnpicklingError as err:
 #
 #   where `kind, keys, pos, has_gauss, cached = np.random.get_state()`. Write it atomically:
 #   to a temporary file in the same folder, flushed and `os.fsync`ed, then `os.replace`d onto
-#   `path`, then the folder synced (step 4 above; only a power cut would show a missing sync,
-#   so the check cannot test that one, but it does count the descriptors a save leaves open:
-#   close the folder you opened). If writing fails, delete the temporary file and let the
-#   error propagate: `path` must still hold the previous checkpoint, and no other file may be
-#   left.
+#   `path`, then the folder synced (step 4 above; only a power cut would show a missing folder
+#   sync, so the check cannot test that one, but it does count the descriptors a save leaves
+#   open: close the folder you opened). If writing fails, delete the temporary file and let
+#   the error propagate: `path` must still hold the previous checkpoint, and no other file may
+#   be left.
 # * `load_checkpoint(path, model, optimizer, scheduler)` loads it with
 #   `torch.load(path, weights_only=True)`, restores the three objects and the three generators
 #   (`torch.set_rng_state`, `random.setstate`, `np.random.set_state` with the keys as a
@@ -319,13 +319,19 @@ except pickle.UnpicklingError as err:
 # * your save is called at every checkpoint, and what your file holds when the run is killed
 #   must equal, entry by entry, what a correct save writes at that moment (tuples or lists,
 #   tensors or lists for NumPy's keys: the spelling does not matter, the values do);
+# * while each save runs, the check reads the kernel's record of what happens to the name
+#   `path` (on Linux): it may change only by the rename, never be written into (a copy onto it
+#   is a write) nor deleted first. It also notes each `os.fsync`, `os.fdatasync` and `os.sync`
+#   call: the file renamed onto `path` must have been synced before the rename. (Whether you
+#   flushed first it cannot see: bytes still in Python's buffer miss the sync.)
+# * a save that fails half-way over a good checkpoint must raise, and leave that checkpoint
+#   and the folder as they were (a backup of the previous checkpoint, such as a `.prev` file,
+#   is fine; a temporary file outside the checkpoint's folder is not);
 # * your load is given a correct file, with fresh objects built from *another* seed, and the
 #   run it resumes must finish exactly as an uninterrupted run, losses and final weights bit
-#   for bit.
+#   for bit; then files with code hidden in them must not run it.
 #
-# The hidden check adds other seeds and crash points, every device, a save that fails
-# half-way (a backup of the previous checkpoint, such as a `.prev` file, is fine; a temporary
-# file outside the checkpoint's folder is not), and a file with code hidden in it.
+# The hidden check adds other seeds and crash points, and every device.
 
 
 # %% nbgrader={"grade_id": "ch09_checkpoint", "solution": true}

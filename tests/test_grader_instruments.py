@@ -157,6 +157,8 @@ def save_checkpoint(path, model, optimizer, scheduler, step):
     try:
         with open(tmp, "wb") as file:
             torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -5,7 +5,8 @@ Exercises:
         ``load_checkpoint(path, model, optimizer, scheduler) -> step``, graded as two halves
         (`forge_course.observe.ch09`): what the learner's save writes during a run that is then
         killed, compared entry by entry with what the spec's save writes at the same moment,
-        plus a save that fails half-way; and the learner's load resuming a killed run with
+        with how each save puts its file at `path` and whether it was synced before, plus a
+        save that fails half-way; and the learner's load resuming a killed run with
         fresh objects from another seed, which must reproduce the uninterrupted run bit for
         bit, plus a file with code hidden in it.
     ch09_early_stopping: ``class EarlyStopping(patience, min_delta=0.0, mode="min")``.
@@ -22,6 +23,7 @@ The checkpoint format the exercise asks for (smaller than `forge_course.referenc
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -57,7 +59,7 @@ def _numpy_state() -> list:
 @reference
 def spec_save_checkpoint(path, model, optimizer, scheduler, step) -> None:
     """Write the exercise's checkpoint atomically: temp file, flush, fsync, rename (the text's
-    recipe also syncs the folder after the rename, which a check cannot observe)."""
+    recipe also syncs the folder after the rename, which only a power cut would show)."""
     path = Path(path)
     payload = {
         "model": model.state_dict(),
@@ -127,11 +129,17 @@ def _payload(model, optimizer, scheduler, step, **rng):
     }
 
 
+def _write_synced(payload, file) -> None:
+    torch.save(payload, file)
+    file.flush()
+    os.fsync(file.fileno())
+
+
 def _atomic(payload, path):
     tmp = Path(path).with_name(Path(path).name + ".tmp")
     try:
         with open(tmp, "wb") as file:
-            torch.save(payload, file)
+            _write_synced(payload, file)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -155,14 +163,15 @@ def _save_in_place(path, model, optimizer, scheduler, step):
 
 def _save_no_cleanup(path, model, optimizer, scheduler, step):
     tmp = Path(path).with_name(Path(path).name + ".tmp")
-    torch.save(_payload(model, optimizer, scheduler, step), tmp)
+    with open(tmp, "wb") as file:
+        _write_synced(_payload(model, optimizer, scheduler, step), file)
     os.replace(tmp, path)
 
 
 def _save_tmp_elsewhere(path, model, optimizer, scheduler, step):
     with tempfile.NamedTemporaryFile(suffix=".pt", delete=False) as file:  # tempfile's folder
         try:
-            torch.save(_payload(model, optimizer, scheduler, step), file)
+            _write_synced(_payload(model, optimizer, scheduler, step), file)
         except BaseException:
             file.close()
             os.unlink(file.name)
@@ -180,6 +189,44 @@ def _save_folder_left_open(path, model, optimizer, scheduler, step):
     _atomic(_payload(model, optimizer, scheduler, step), path)
     folder = os.open(Path(path).parent, os.O_RDONLY)
     os.fsync(folder)  # never closed
+
+
+def _save_copied_into_place(path, model, optimizer, scheduler, step):
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    try:
+        with open(tmp, "wb") as file:
+            _write_synced(_payload(model, optimizer, scheduler, step), file)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    shutil.copyfile(tmp, path)
+    tmp.unlink()
+
+
+def _save_deleting_first(path, model, optimizer, scheduler, step):
+    Path(path).unlink(missing_ok=True)
+    _atomic(_payload(model, optimizer, scheduler, step), path)
+
+
+def _save_swallowing_errors(path, model, optimizer, scheduler, step):
+    with contextlib.suppress(Exception):  # the mistake: the caller never hears of a failure
+        _atomic(_payload(model, optimizer, scheduler, step), path)
+
+
+def _save_unsynced(path, model, optimizer, scheduler, step):
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    try:
+        torch.save(_payload(model, optimizer, scheduler, step), tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _save_synced_after_the_rename(path, model, optimizer, scheduler, step):
+    _save_unsynced(path, model, optimizer, scheduler, step)
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
 
 
 SAVE_MISTAKES = [
@@ -233,6 +280,36 @@ SAVE_MISTAKES = [
         "`finally:` (`os.close(folder)`).",
         _save_folder_left_open,
     ),
+    (
+        "copying into place is not atomic: `shutil.copyfile(tmp, path)` (or `shutil.copy`) "
+        "writes `path` byte by byte, so a crash mid-copy leaves half a checkpoint under its "
+        "name. Rename with `os.replace(tmp, path)`, which swaps the name in one step.",
+        _save_copied_into_place,
+    ),
+    (
+        "the previous checkpoint is deleted (`os.remove(path)`) before the new one is safe: "
+        "a crash in between leaves no checkpoint at all. Do not delete it: `os.replace(tmp, "
+        "path)` replaces it in one step.",
+        _save_deleting_first,
+    ),
+    (
+        "the error is caught and not raised again (`except Exception: print(...)`), so the "
+        "caller carries on as if the checkpoint had been written. Delete the temporary file, "
+        "then let the error out: end the `except` block with `raise`.",
+        _save_swallowing_errors,
+    ),
+    (
+        "the temporary file is not synced before the rename: the rename can reach the disk "
+        "before the bytes do, and a power cut then leaves a correctly named file of zeros. "
+        "Inside the `with` block, call `file.flush()` then `os.fsync(file.fileno())`.",
+        _save_unsynced,
+    ),
+    (
+        "the file is synced only after `os.replace`: a power cut between the two can leave a "
+        "correctly named file of zeros. Sync the temporary file (`file.flush()`, "
+        "`os.fsync(file.fileno())`) before the rename.",
+        _save_synced_after_the_rename,
+    ),
 ]
 
 CHECKPOINT_SAVE = Exercise(
@@ -244,8 +321,9 @@ CHECKPOINT_SAVE = Exercise(
     label=label_checkpoint,
     mistakes=SAVE_MISTAKES,
     hint="the checkpoint needs every state the next step reads: model, optimizer, scheduler, "
-    "step, and the three generators; write it to a temporary file in the same folder and "
-    "rename it onto `path`.",
+    "step, and the three generators; write it to a temporary file in the same folder, "
+    "flush and `os.fsync` it, rename it onto `path` with `os.replace`, and let any error "
+    "out.",
 )
 
 
@@ -269,7 +347,8 @@ def _load_without(part):
     def load(path, model, optimizer, scheduler):
         payload = torch.load(path, weights_only=True)
         model.load_state_dict(payload["model"])
-        optimizer.load_state_dict(payload["optimizer"])
+        if part != "optimizer":
+            optimizer.load_state_dict(payload["optimizer"])
         if part != "scheduler":
             scheduler.load_state_dict(payload["scheduler"])
         rng = payload["rng"]
@@ -293,6 +372,11 @@ LOAD_MISTAKES = [
         _load_unsafe,
     ),
     ("the step is not returned: `return checkpoint['step']`.", _load_without("step")),
+    (
+        "the optimizer is not restored, so its momentum buffers start again from zero and the "
+        "updates after the resume differ. Call `optimizer.load_state_dict(...)`.",
+        _load_without("optimizer"),
+    ),
     (
         "the scheduler is not restored, so the learning rate starts its schedule again. Call "
         "`scheduler.load_state_dict(...)`.",

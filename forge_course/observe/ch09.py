@@ -5,8 +5,9 @@ this module needs neither a working save nor a working load:
 
 * `observe_save`: the learner's ``save_checkpoint`` is called during a run that is then killed;
   what the file holds at that moment is reported entry by entry (the grader compares it with
-  what a correct save writes at the same moment), then a save that fails half-way shows
-  whether the write is atomic.
+  what a correct save writes at the same moment), with how each save put its file at ``path``
+  (the kernel's own account of what happened to that name) and whether the file was synced
+  before it got there; then a save that fails half-way shows whether the write is atomic.
 * `observe_load`: a file written at the same moment by a plain, non-atomic ``torch.save`` (all a
   file to read needs; not the exercise's save) is resumed by the learner's ``load_checkpoint``
   with fresh objects from another seed, and the finished run is compared with the
@@ -23,11 +24,14 @@ this module needs neither a working save nor a working load:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import random
 import stat
+import struct
 import sys
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -51,6 +55,7 @@ NOT_REACHED = "not reached"
 # What the evidence is read and made with, bound when this module is imported, before any
 # answer runs: an answer that later replaces ``os.fstat`` or ``os.chmod`` changes none of these.
 _open, _close, _fstat, _chmod = os.open, os.close, os.fstat, os.chmod
+_stat, _read = os.stat, os.read
 
 
 def _attempt(name: str, fn, *args, case: str = ""):
@@ -158,6 +163,14 @@ FILE_AFTER = "the file at `path` after the failed save"
 LEFT = "files the failed save left in the folder"
 ELSEWHERE = "a file outside the checkpoint's folder was being written when the save failed"
 KEPT_OPEN = "descriptors of the checkpoint's folder or its files a save left open"
+PLACED = "how each save puts its file at `path`"
+RENAMED = "renamed onto it in one step"
+WRITTEN = "written into it: while that lasts, `path` holds part of a checkpoint"
+DELETED = "deleted first: until the new file is in place, there is no checkpoint at all"
+SYNCED = "the file renamed onto `path`, at the rename"
+SYNCED_FIRST = "already synced to disk (os.fsync)"
+NEVER_SYNCED = "never synced: no os.fsync of it during the save"
+SYNCED_LATE = "not yet synced: os.fsync came only after the rename"
 
 
 def _plain(value):
@@ -212,15 +225,22 @@ class _Unwritable:
     def __reduce__(self):
         with contextlib.suppress(OSError):  # the folder changing under us: nothing to note
             writing = _files_open_for_writing() - self.open_before
-            here = {(info.st_dev, info.st_ino) for info in map(os.stat, self.folder.iterdir())}
+            here = {(info.st_dev, info.st_ino) for info in map(os.stat, _files_under(self.folder))}
             folder_device = self.folder.stat().st_dev
-            # A file open for writing that is neither in the folder nor an unnamed file on the
-            # folder's file system (an O_TMPFILE there) is written where a rename is not atomic.
+            # A file open for writing that is neither in the folder (or a folder inside it) nor
+            # an unnamed file on the folder's file system (an O_TMPFILE there) is written where
+            # a rename onto `path` may not be atomic.
             self.outside = any(
                 (dev, ino) not in here and (links > 0 or dev != folder_device)
                 for dev, ino, links in writing
             )
         raise _DiskFull("no space left on device (simulated)")
+
+
+def _files_under(folder: Path) -> list[Path]:
+    """Every file in ``folder`` and in the folders inside it (a ``TemporaryDirectory`` made in
+    the checkpoint's folder holds its temporary file one level down)."""
+    return [Path(root) / name for root, _, names in os.walk(folder) for name in names]
 
 
 class _FailingScheduler:
@@ -264,6 +284,161 @@ def _descriptors_into(folder: Path) -> set[int]:
     return found
 
 
+# How a save puts its file at `path`: Linux's inotify queues, in order, what happens to each
+# name in a folder, and the queue is read once the save has returned. Elsewhere nothing is seen,
+# so nothing is judged.
+IN_MODIFY, IN_DELETE = 0x2, 0x200  # a rename onto the name (IN_MOVED_TO) is what is wanted
+_EVENT_SIZE = struct.calcsize("iIII")  # struct inotify_event, before its name
+
+
+def _inotify():
+    """``inotify_init1`` and ``inotify_add_watch`` from the C library, or None where there are
+    none (not Linux)."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.inotify_init1, libc.inotify_add_watch
+    return None
+
+
+_INOTIFY = _inotify()  # looked up when this module is imported, before any answer runs
+
+
+def _watch(folder: Path) -> int | None:
+    if _INOTIFY is None:
+        return None
+    init, add_watch = _INOTIFY
+    fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        return None
+    if add_watch(fd, os.fsencode(folder), IN_MODIFY | IN_DELETE) < 0:
+        _close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def _what_happens_to(path: Path):
+    """Yield a list that, once the body has run, holds what it did to the name ``path`` other
+    than renaming a file onto it, in order: "written" or "deleted" (empty where nothing can be
+    seen)."""
+    happened: list[str] = []
+    fd = _watch(path.parent)
+    try:
+        yield happened
+    finally:
+        if fd is not None:
+            data = b""
+            with contextlib.suppress(BlockingIOError):
+                while chunk := _read(fd, 65536):
+                    data += chunk
+            _close(fd)
+            name, offset = os.fsencode(path.name), 0
+            while offset + _EVENT_SIZE <= len(data):
+                _, mask, _, length = struct.unpack_from("iIII", data, offset)
+                start = offset + _EVENT_SIZE
+                if data[start : start + length].rstrip(b"\0") == name:
+                    happened.append("deleted" if mask & IN_DELETE else "written")
+                offset = start + length
+
+
+def _placed(happened: list[str]) -> str:
+    """A rename alone keeps `path` whole at every moment; a write into it, or a deletion before
+    the new file is there, does not (a backup made by renaming the old file away is fine)."""
+    if not happened:
+        return RENAMED
+    return DELETED if happened[0] == "deleted" else WRITTEN
+
+
+# Whether the file was synced before its rename: os.fsync, os.fdatasync and os.sync are
+# replaced, while a save runs, by functions that note what each call syncs and which file
+# `path` named at that moment. One replacement serves every save watched at once (threads).
+_SYNC_CALLS = {name: getattr(os, name) for name in ("fsync", "fdatasync", "sync") if
+               hasattr(os, name)}  # fmt: skip
+EVERYTHING = "everything"  # what os.sync syncs
+_watched_saves: dict[int, tuple[Path, list]] = {}
+_put_back: dict = {}  # what os held before: put back as found, whatever that was
+_watched_saves_lock = threading.Lock()
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        info = _stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _note_sync(synced) -> None:
+    for path, notes in list(_watched_saves.values()):
+        notes.append((synced, _file_id(path)))
+
+
+def _noting(name: str):
+    real = _SYNC_CALLS[name]
+    if name == "sync":
+
+        def noted():
+            _note_sync(EVERYTHING)
+            return real()
+
+    else:
+
+        def noted(fd):
+            with contextlib.suppress(Exception):  # a bad argument: the real call says so
+                info = _fstat(fd if isinstance(fd, int) else fd.fileno())
+                _note_sync((info.st_dev, info.st_ino))
+            return real(fd)
+
+    noted.__name__ = noted.__qualname__ = name
+    noted.__doc__ = real.__doc__
+    return noted
+
+
+_NOTING = {name: _noting(name) for name in _SYNC_CALLS}
+
+
+@contextlib.contextmanager
+def _syncs_during(path: Path):
+    """Yield a list that, once the body has run, holds ``(what was synced, what path named
+    then)`` for each sync call the body made."""
+    notes: list = []
+    with _watched_saves_lock:
+        if not _watched_saves:
+            _put_back.update({name: getattr(os, name) for name in _NOTING})
+            for name, noted in _NOTING.items():
+                setattr(os, name, noted)
+        _watched_saves[id(notes)] = (path, notes)
+    try:
+        yield notes
+    finally:
+        with _watched_saves_lock:
+            del _watched_saves[id(notes)]
+            if not _watched_saves:
+                for name, before in _put_back.items():
+                    setattr(os, name, before)
+
+
+def _synced(notes: list, path: Path) -> str:
+    """Whether the file now at ``path`` was synced while it was not yet there."""
+    now = _file_id(path)
+    if now is None:  # no file at all: the entries say so
+        return SYNCED_FIRST
+    late = False
+    for synced, named_then in notes:
+        if synced in (now, EVERYTHING):
+            if named_then != now:
+                return SYNCED_FIRST
+            late = True
+    return SYNCED_LATE if late else NEVER_SYNCED
+
+
+def _sync_unseen(fn) -> bool:
+    """Whether the answer holds a sync call under a name of its own (``from os import fsync``):
+    replacing os's attribute does not reach that name, so its calls cannot be seen."""
+    names = getattr(fn, "__globals__", {})
+    return any(value is real for value in list(names.values()) for real in _SYNC_CALLS.values())
+
+
 def _failed_save(save_fn, folder: Path, case: dict, label: str) -> dict:
     """Overwrite a good checkpoint with a save that fails: the good one must survive."""
     _, model, optimizer, _ = _build(case["seed"], case["device"])
@@ -302,20 +477,32 @@ def observe_save(fn, case: dict) -> dict:
     def save(path, model, optimizer, scheduler, step):
         settings = Settings(model)  # a save reads the generators and changes nothing
         open_before = _descriptors_into(folder)
-        call_answer(
-            CHECKPOINT, "save_checkpoint", fn, path, model, optimizer, scheduler, step, case=label
-        )
+        target = folder / FILE
+        with _what_happens_to(target) as happened, _syncs_during(target) as syncs:
+            call_answer(
+                CHECKPOINT, "save_checkpoint", fn, path, model, optimizer, scheduler, step,
+                case=label,
+            )  # fmt: skip
         settings.check(CHECKPOINT, "save_checkpoint", label)
+        placed.append(_placed(happened))
+        # A file written into `path` has no rename to be synced before: that is judged above.
+        if placed[-1] != WRITTEN and not sync_unseen:
+            synced.append(_synced(syncs, target))
         # A folder opened to be synced and never closed: one descriptor lost per save.
         left_open.update(_descriptors_into(folder) - open_before)
 
     names = [WEIGHTS_ONLY, *(name for name, _ in ENTRIES), RAISES, FILE_AFTER, LEFT, ELSEWHERE]
-    seen: dict = dict.fromkeys([*names, KEPT_OPEN], NOT_REACHED)
+    seen: dict = dict.fromkeys([*names, PLACED, SYNCED, KEPT_OPEN], NOT_REACHED)
     left_open: set[int] = set()
+    placed: list[str] = []
+    synced: list[str] = []
+    sync_unseen = _sync_unseen(fn)
     with _generators_kept(), tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp).resolve()
         # The run passes a string and the failing save below a Path: the text allows both.
         _run_until_the_crash(case, str(folder / FILE), save)
+        seen[PLACED] = next((how for how in placed if how != RENAMED), RENAMED)
+        seen[SYNCED] = next((how for how in synced if how != SYNCED_FIRST), SYNCED_FIRST)
         seen[KEPT_OPEN] = len(left_open)
         seen[WEIGHTS_ONLY], payload = _load_status(folder / FILE)
         if payload is None:

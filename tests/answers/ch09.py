@@ -86,6 +86,126 @@ def load_checkpoint(path, model, optimizer, scheduler):
     return checkpoint["step"]
 """
 
+_PAYLOAD = """
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def payload(model, optimizer, scheduler, step):
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "step": step,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "numpy": [kind, keys.tolist(), pos, has_gauss, cached]}}
+"""
+
+CHECKPOINT_COPIED_INTO_PLACE = (
+    _PAYLOAD
+    + """
+def save_checkpoint(path, model, optimizer, scheduler, step):
+    tmp = str(path) + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload(model, optimizer, scheduler, step), f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.remove(tmp)
+        raise
+    shutil.copyfile(tmp, path)
+    os.remove(tmp)
+"""
+    + _LOAD
+)
+
+CHECKPOINT_DELETED_FIRST = (
+    _PAYLOAD
+    + """
+def save_checkpoint(path, model, optimizer, scheduler, step):
+    if os.path.exists(path):
+        os.remove(path)  # make room for the new one
+    tmp = str(path) + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload(model, optimizer, scheduler, step), f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.remove(tmp)
+        raise
+    os.rename(tmp, path)
+"""
+    + _LOAD
+)
+
+CHECKPOINT_SWALLOWED = (
+    _PAYLOAD
+    + """
+def save_checkpoint(path, model, optimizer, scheduler, step):
+    tmp = Path(str(path) + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload(model, optimizer, scheduler, step), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except Exception as e:
+        print("could not save the checkpoint:", e)
+        tmp.unlink(missing_ok=True)
+"""
+    + _LOAD
+)
+
+CHECKPOINT_UNSYNCED = (
+    _PAYLOAD
+    + """
+def save_checkpoint(path, model, optimizer, scheduler, step):
+    tmp = Path(str(path) + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload(model, optimizer, scheduler, step), f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+"""
+    + _LOAD
+)
+
+CHECKPOINT_OPTIMIZER_NOT_LOADED = (
+    _PAYLOAD
+    + """
+def save_checkpoint(path, model, optimizer, scheduler, step):
+    tmp = Path(str(path) + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload(model, optimizer, scheduler, step), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path, model, optimizer, scheduler):
+    checkpoint = torch.load(path, weights_only=True)
+    model.load_state_dict(checkpoint["model"])
+    scheduler.load_state_dict(checkpoint["scheduler"])
+    rng = checkpoint["rng"]
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    kind, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    return checkpoint["step"]
+"""
+)
+
 # Correct, in another style: pathlib, a tuple for NumPy's state, keys as a tensor.
 CHECKPOINT_ALTERNATIVE = """
 import os
@@ -185,6 +305,17 @@ WRONG = {
         (CHECKPOINT_NO_NUMPY, {"ch09_checkpoint_tests": "NumPy's generator is not saved"}),
         (CHECKPOINT_IN_PLACE, {"ch09_checkpoint_tests": "writes straight into the target"}),
         (CHECKPOINT_UNSAFE_LOAD, {"ch09_checkpoint_tests": "unpickling runs code"}),
+        (
+            CHECKPOINT_COPIED_INTO_PLACE,
+            {"ch09_checkpoint_tests": "copying into place is not atomic"},
+        ),
+        (CHECKPOINT_DELETED_FIRST, {"ch09_checkpoint_tests": "before the new one is safe"}),
+        (CHECKPOINT_SWALLOWED, {"ch09_checkpoint_tests": "the error is caught and not raised"}),
+        (CHECKPOINT_UNSYNCED, {"ch09_checkpoint_tests": "not synced before the rename"}),
+        (
+            CHECKPOINT_OPTIMIZER_NOT_LOADED,
+            {"ch09_checkpoint_tests": "the optimizer is not restored"},
+        ),
     ],
     "ch09_early_stopping": [
         (STOPPING_TIES_IMPROVE, {"ch09_early_stopping_tests": "A plateau is not progress"}),
