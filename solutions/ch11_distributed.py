@@ -457,8 +457,10 @@ assert scaling["equal"]["summed, then divided by W"] < scaling["entries"]
 # clean as a rank torchrun starts, and none shares anything with this notebook's kernel. It
 # checks that every rank joined a group of `world_size` processes as its own `rank` and saved
 # its own file, and compares the saved weights across ranks and with one process on the whole
-# batch, within 1e-6. A rank gets your function and the globals it uses from this notebook (functions, numbers, modules
-# and what the first cell imports); create anything else inside `worker`.
+# batch, within 1e-6. It also checks that no rank still has its group when `worker` ends: once
+# as above, and once in a run where each `out_dir` is a file, so that saving fails. A rank gets
+# your function and the globals it uses from this notebook (functions, numbers, modules and
+# what the first cell imports); create anything else inside `worker`.
 
 # The first cell of the notebook imports `dist`, `DistributedDataParallel`, `DataLoader` and
 # `DistributedSampler`, and defines `make_dataset`, `make_model`, `train`, `GLOBAL_BATCH` and

@@ -1,5 +1,6 @@
 """Chapter 11's checks: correct answers in any style pass; each typical mistake is named."""
 
+import dataclasses
 import os
 import time
 
@@ -212,11 +213,71 @@ def test_ddp_worker_defined_in_a_notebook_cell_runs_in_fresh_processes(settings,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("message,wrong", ch11.DDP_MISTAKES, ids=range(6))
+@pytest.mark.parametrize("message,wrong", ch11.DDP_MISTAKES, ids=range(len(ch11.DDP_MISTAKES)))
 def test_ddp_worker_names_each_known_mistake(message, wrong):
     with pytest.raises(Mistake) as caught:
         ch11.check_ddp_worker(wrong)
     assert message in str(caught.value)
+
+
+# Correct, written as a careful learner might: a hand-written all-reduce that divides once; or
+# DDP with a rank-dependent global seed (DDP copies rank 0's weights), the loss averaged for
+# printing, and the group destroyed after an `except` that reports a failure.
+HAND_WRITTEN_MEAN = answers.DDP_SEEDED_BY_RANK.replace(
+    "torch.manual_seed(rank)\n        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), "
+    "nn.Linear(8, 1))",
+    "model = make_model()",
+)
+LOGS_THE_MEAN_LOSS = """
+def worker(rank, world_size, port, out_dir):
+    torch.manual_seed(rank)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    try:
+        dataset = make_dataset()
+        sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=SEED_DDP)
+        loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world_size, sampler=sampler)
+        model = DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.Tanh(),
+                                                      nn.Linear(8, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for x, y in loader:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            shown = loss.detach().clone()
+            dist.all_reduce(shown)
+            print(f"rank {rank}: mean loss {shown.item() / world_size:.4f}")
+            opt.step()
+        torch.save(model.module.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
+    except Exception as err:
+        print(f"rank {rank} failed: {err}")
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_ddp_worker_accepts_other_correct_ways_of_averaging_and_destroying(settings):
+    assert "make_model()" in HAND_WRITTEN_MEAN and "manual_seed" not in HAND_WRITTEN_MEAN
+    for answer in (HAND_WRITTEN_MEAN, LOGS_THE_MEAN_LOSS):
+        ch11.check_ddp_worker(as_in_the_grader(settings, answer))
+
+
+@pytest.mark.slow
+def test_ddp_worker_must_destroy_its_group_also_when_saving_fails(settings):
+    """What the observer sees, read directly: the group each rank still had."""
+    failing = {"world_size": 2, "saving fails": True}
+    assert failing in ch11.ddp_cases() and failing in ch11.ddp_cases(thorough=True)
+    left = "the process group each rank still had after saving failed"
+    solution = as_in_the_grader(settings, answers.DDP_NO_DESTROY.replace(
+        "        pass\n", "        dist.destroy_process_group()\n"))  # fmt: skip
+    assert observe.observe_ddp_worker(solution, failing)[left] == ["none", "none"]
+    no_finally = as_in_the_grader(settings, answers.DDP_DESTROY_NOT_IN_FINALLY)
+    returned = observe.observe_ddp_worker(no_finally, {"world_size": 2})
+    assert returned["the process group each rank still had after `worker` returned"] == [
+        "none", "none"]  # fmt: skip
+    assert observe.observe_ddp_worker(no_finally, failing)[left] == ["rank 0 of 2", "rank 1 of 2"]
+    with pytest.raises(Mistake, match="2 ranks, each out_dir a file, so saving fails"):
+        ch11.check_ddp_worker(no_finally)
 
 
 NEVER_JOINS = """
@@ -309,7 +370,9 @@ def test_ddp_worker_ranks_are_fresh_interpreters_where_fork_is_unsafe(settings, 
     monkeypatch.setattr(observe, "FORK_RANKS", False)
     monkeypatch.setattr(observe, "_ranks_zygote", lambda: pytest.fail("a zygote was started"))
     ch11.check_ddp_worker(as_in_the_grader(settings, answers.DDP_OWN_LOOP))
+    # One known mistake to match, not all: each costs two fresh interpreters here.
     message, wrong = ch11.DDP_MISTAKES[0]
+    one_mistake = dataclasses.replace(ch11.DDP_WORKER, mistakes=[(message, wrong)])
     with pytest.raises(Mistake) as caught:
-        ch11.check_ddp_worker(wrong)
+        one_mistake.check(wrong)
     assert message in str(caught.value)

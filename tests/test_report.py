@@ -31,7 +31,7 @@ SOLVED = REPO / "autograder" / "examples" / "alice" / CH / f"{CH}.ipynb"
 LIMITS = sandbox.Limits(seconds=15, memory_mb=3072)
 
 NO_MEAN, WRONG_SIGN, _ = ((HAND, *w) for w in answers.WRONG[HAND])
-NO_ZERO_GRAD, _, RETURNS_TENSOR, EVAL_MODE, _ = ((TRAIN, *w) for w in answers.WRONG[TRAIN])
+NO_ZERO_GRAD, _, RETURNS_TENSOR, EVAL_MODE, *_ = ((TRAIN, *w) for w in answers.WRONG[TRAIN])
 QUESTIONS_A, QUESTIONS_B = ((QUESTIONS, *w) for w in answers.WRONG[QUESTIONS])
 LOOP = "def train_step(*args):\n    while True:\n        pass\n"
 TAMPER = "import torch\ntorch.allclose = lambda *a, **k: True\ndef train_step(*a):\n    return 0\n"

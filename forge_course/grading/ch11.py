@@ -7,7 +7,9 @@ Exercises:
     ch11_ddp_worker: ``worker(rank, world_size, port, out_dir)``, one DDP rank. The learner half
         (`forge_course.observe.ch11`) starts ``world_size`` fresh processes, each with its own
         ``out_dir``; the verdict compares the groups they joined, the files they saved and the
-        weights with the reference's, and the weights with one process, within `DDP_TOLERANCE`.
+        weights with the reference's, and the weights with one process, within `DDP_TOLERANCE`,
+        and requires every rank to have destroyed its group when ``worker`` ends, also in a
+        case where saving fails.
 Questions:
     ch11_q_ring_steps, ch11_q_ring_megabytes, ch11_q_dataparallel.
 """
@@ -146,8 +148,15 @@ WEIGHTS = "the weights rank 0 saved"
 
 
 def ddp_cases(thorough: bool = False) -> list[dict]:
-    """Visible: 2 ranks. Thorough: 4 ranks and 1 rank, so a hard-coded 2 or batch of 8 shows."""
-    return [{"world_size": 4}, {"world_size": 1}] if thorough else [{"world_size": 2}]
+    """Visible: 2 ranks. Thorough: 4 ranks and 1 rank, so a hard-coded 2 or batch of 8 shows.
+    Both end with 2 ranks whose out_dir is a file: the worker fails as it saves, and each rank
+    must have destroyed its group all the same."""
+    failing = {"world_size": 2, "saving fails": True}
+    return (
+        [{"world_size": 4}, {"world_size": 1}, failing]
+        if thorough
+        else [{"world_size": 2}, failing]
+    )
 
 
 @functools.cache
@@ -158,33 +167,70 @@ def _one_process() -> dict[str, torch.Tensor]:
         return {k: v.double() for k, v in single_process_reference().items()}
 
 
-def _close_to_one_process(weights) -> bool:
-    one = _one_process()
+def _close(weights, other) -> bool:
     return (
-        isinstance(weights, dict) and weights.keys() == one.keys()
-        and all(isinstance(w, torch.Tensor) and w.shape == one[k].shape
-                and bool((w - one[k]).abs().max() <= DDP_TOLERANCE) for k, w in weights.items())
+        isinstance(weights, dict) and isinstance(other, dict) and weights.keys() == other.keys()
+        and all(isinstance(w, torch.Tensor) and w.shape == other[k].shape
+                and bool((w - other[k]).abs().max() <= DDP_TOLERANCE) for k, w in weights.items())
     )  # fmt: skip
 
 
 def _within_tolerance(observed: dict, target: dict, case: dict) -> dict:
-    """Accept weights within `DDP_TOLERANCE` of one process: DDP sums in another order. Both
-    sides must be: a known mistake's weights are prepared against the answer's."""
+    """Accept weights within `DDP_TOLERANCE` of one process when the target's are too (DDP sums
+    in another order), and weights within it of the target's (a known mistake's weights are
+    prepared against the answer's, and a hand-written all-reduce sums in another order again)."""
     weights, wanted = observed.get(WEIGHTS), target.get(WEIGHTS)
-    if _close_to_one_process(weights) and _close_to_one_process(wanted):
+    one = _one_process()
+    if _close(weights, wanted) or (_close(weights, one) and _close(wanted, one)):
         return {**observed, WEIGHTS: wanted}
     return observed
 
 
-def _wrong_worker(*, sampler=True, wrap=True, divide=True, unwrap=True, join=True, save=True):
-    """The reference DDP rank with one of the usual slips switched on."""
+def _wrong_worker(
+    *, sampler=True, shuffle=True, seed_by_rank=False, wrap=True, divide=True, unwrap=True,
+    join=True, save="each rank", destroy="finally", averaging="DDP",
+):  # fmt: skip
+    """The reference DDP rank with one of the usual slips switched on.
+
+    ``averaging`` names what should make the ranks agree: "DDP"; "DDP, divided again" (each
+    gradient divided by world_size after DDP averaged it); or, without DDP, a hand-written
+    all-reduce: "summed gradients" (not divided), "mean gradients, seeded by rank" (each rank's
+    model built from the seed `rank`), or "the loss" (the gradients are never reduced).
+    ``destroy`` is "finally", "after" (not when something fails) or "never".
+    """
 
     def worker(rank, world_size, port, out_dir):
         import torch.distributed as dist
+        from torch import nn
         from torch.nn.parallel import DistributedDataParallel
         from torch.utils.data import DataLoader, DistributedSampler
 
-        from forge_course.reference.ddp import GLOBAL_BATCH, SEED, make_dataset, make_model, train
+        from forge_course.reference.ddp import (
+            GLOBAL_BATCH,
+            LR,
+            SEED,
+            make_dataset,
+            make_model,
+            train,
+        )
+
+        def after_backward(model, loss):
+            if averaging == "the loss":
+                dist.all_reduce(loss.detach())
+            for p in model.parameters():
+                if averaging in ("summed gradients", "mean gradients, seeded by rank"):
+                    dist.all_reduce(p.grad)
+                if averaging in ("DDP, divided again", "mean gradients, seeded by rank"):
+                    p.grad /= world_size
+
+        def hand_written_train(model, loader):  # `train`, with `after_backward` before each step
+            optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                after_backward(model, loss)
+                optimizer.step()
 
         if not join:  # no group and no DDP: each rank trains alone on whole batches
             whole = DistributedSampler(make_dataset(), 1, 0, shuffle=True, seed=SEED)
@@ -199,20 +245,35 @@ def _wrong_worker(*, sampler=True, wrap=True, divide=True, unwrap=True, join=Tru
             dataset = make_dataset()
             batch = GLOBAL_BATCH // world_size if divide else GLOBAL_BATCH
             if sampler:
-                shard = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=SEED)
+                seed = rank if seed_by_rank else SEED
+                shard = DistributedSampler(dataset, world_size, rank, shuffle=shuffle, seed=seed)
                 loader = DataLoader(dataset, batch_size=batch, sampler=shard)
             else:
                 loader = DataLoader(dataset, batch_size=batch)
-            model = DistributedDataParallel(make_model()) if wrap else make_model()
-            train(model, loader, torch.device("cpu"))
-            inner = model.module if wrap and unwrap else model
-            if save:
+            seeded = make_model(rank if averaging.endswith("by rank") else SEED)
+            wrapped = wrap and averaging.startswith("DDP")
+            model = DistributedDataParallel(seeded) if wrapped else seeded
+            if averaging == "DDP":
+                train(model, loader, torch.device("cpu"))
+            else:
+                hand_written_train(model, loader)
+            inner = model.module if wrapped and unwrap else model
+            if save == "each rank" or (save == "rank 0" and rank == 0):
                 torch.save(inner.state_dict(), Path(out_dir, f"rank{rank}.pt"))
-        finally:
+        except BaseException:
+            if destroy == "finally":
+                dist.destroy_process_group()
+            raise
+        if destroy != "never":
             dist.destroy_process_group()
 
     return worker
 
+
+DESTROY = (
+    "Call dist.destroy_process_group() in a `finally:` right after init_process_group, so that "
+    "it runs whether the work returns or raises."
+)
 
 DDP_MISTAKES = [
     (
@@ -220,6 +281,14 @@ DDP_MISTAKES = [
         "separate processes that cannot average anything. Every rank must join the group as "
         "its `rank`, train its shard of each batch under DDP, and save its own file.",
         _wrong_worker(join=False),
+    ),
+    (
+        "the ranks averaged their losses with dist.all_reduce, not their gradients: the "
+        "gradients `backward()` had already computed came from each rank's own loss, so each "
+        "rank trained on its own shard alone and the ranks drifted apart. Wrap the model in "
+        "DistributedDataParallel, which averages the gradients during backward() (averaging "
+        "the loss as well is fine, for printing it).",
+        _wrong_worker(averaging="the loss"),
     ),
     (
         "the model is not wrapped in DistributedDataParallel, so nothing averages the gradients: "
@@ -233,9 +302,43 @@ DDP_MISTAKES = [
         _wrong_worker(sampler=False),
     ),
     (
+        "each rank's DistributedSampler was seeded with its rank: each shuffled the dataset "
+        "into another order and took its share of that, so some examples were trained on "
+        "twice and others never. Give every rank the same seed=SEED_DDP: the shared order is "
+        "what makes the shards fit together into the global batches.",
+        _wrong_worker(seed_by_rank=True),
+    ),
+    (
+        "the DistributedSampler does not shuffle (shuffle=False): the ranks took the examples "
+        "in the dataset's order, not in the shuffled order one process trains on. Pass "
+        "shuffle=True and seed=SEED_DDP.",
+        _wrong_worker(shuffle=False),
+    ),
+    (
         "each rank's batch must be GLOBAL_BATCH // world_size: the ranks together make one "
         "global batch per step, so with the whole GLOBAL_BATCH per rank the steps are too big.",
         _wrong_worker(divide=False),
+    ),
+    (
+        "the gradients were divided by world_size twice, so every step was world_size times "
+        "too small: DistributedDataParallel already averages them during backward() (each "
+        "rank's gradient times 1/world_size, then summed). Do not divide them again; with a "
+        "hand-written all_reduce, divide once, the loss or the sum, not both.",
+        _wrong_worker(averaging="DDP, divided again"),
+    ),
+    (
+        "the gradients were summed over the ranks, not averaged, so every step was world_size "
+        "times too big: dist.all_reduce sums. Divide each gradient by world_size after it, or "
+        "leave the averaging to DistributedDataParallel (then do not all-reduce them again).",
+        _wrong_worker(averaging="summed gradients"),
+    ),
+    (
+        "the ranks started from different weights (a seed that depends on the rank, such as "
+        "`torch.manual_seed(rank)`), and averaging the gradients never makes them equal: every "
+        "rank applied the same step to its own weights. Build the model the same way on every "
+        "rank, with make_model(), and wrap it in DistributedDataParallel, which also copies "
+        "rank 0's weights to every rank when it is built.",
+        _wrong_worker(averaging="mean gradients, seeded by rank"),
     ),
     (
         "the saved weights are the DDP wrapper's, with every key starting 'module.': save "
@@ -243,9 +346,31 @@ DDP_MISTAKES = [
         _wrong_worker(unwrap=False),
     ),
     (
+        "only rank 0 saved its weights. Saving on rank 0 alone is the habit where the ranks "
+        "share a disk, but here each rank has an out_dir of its own, and each must save into "
+        'it: `torch.save(model.module.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))`, '
+        "in every rank.",
+        _wrong_worker(save="rank 0"),
+    ),
+    (
         "each rank must save its own weights: `torch.save(model.module.state_dict(), "
         'os.path.join(out_dir, f"rank{rank}.pt"))`, in every rank, into the out_dir it was given.',
-        _wrong_worker(save=False),
+        _wrong_worker(save="none"),
+    ),
+    (
+        "the process group is destroyed only when everything goes well: when saving failed, "
+        "`worker` raised before it reached dist.destroy_process_group(), and each rank kept "
+        "its group (its sockets, threads and port) for as long as the process lives. " + DESTROY,
+        _wrong_worker(destroy="after"),
+    ),
+    # Before the next: the failing case is reached only by a worker that destroyed its group
+    # when it returned, and there the two look alike.
+    (
+        "the process group was never destroyed: after `worker` returned, each rank still had "
+        "it. A group left behind keeps its sockets and threads open, and the next "
+        'init_process_group in the same process fails ("trying to initialize the default '
+        'process group twice"). ' + DESTROY,
+        _wrong_worker(destroy="never"),
     ),
 ]
 

@@ -121,7 +121,8 @@ _RANK_BOOT = (
 
 def label_ddp(case: dict) -> str:
     world_size = case["world_size"]
-    return f"{world_size} rank{'s' if world_size > 1 else ''}"
+    ranks = f"{world_size} rank{'s' if world_size > 1 else ''}"
+    return f"{ranks}, each out_dir a file, so saving fails" if case.get("saving fails") else ranks
 
 
 def free_port() -> int:
@@ -148,22 +149,36 @@ def _rank_process(job: dict) -> None:
     from torch.distributed import distributed_c10d
 
     real_init, joined = distributed_c10d.init_process_group, []
+    real_all_reduce, reduced = distributed_c10d.all_reduce, []
+    # The library's own, whatever the worker rebinds.
+    is_initialized = distributed_c10d.is_initialized
+    get_rank, get_world_size = distributed_c10d.get_rank, distributed_c10d.get_world_size
+
+    def group() -> str:
+        return f"rank {get_rank()} of {get_world_size()}" if is_initialized() else "none"
 
     def init_process_group(*args, **kwargs):
         real_init(*args, **kwargs)
-        joined.append(f"rank {dist.get_rank()} of {dist.get_world_size()}")
+        joined.append(group())
 
-    init_process_group.__module__ = real_init.__module__
-    init_process_group.__qualname__ = real_init.__qualname__
+    def all_reduce(tensor, *args, **kwargs):  # notes how many numbers each call reduced
+        reduced.append(tensor.numel() if isinstance(tensor, torch.Tensor) else None)
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    for watch, real in ((init_process_group, real_init), (all_reduce, real_all_reduce)):
+        watch.__module__, watch.__qualname__ = real.__module__, real.__qualname__
     # Installed before the worker's globals are rebuilt, so that a global bound to the library's
     # function (`from torch.distributed import init_process_group`) is bound to this one.
     dist.init_process_group = distributed_c10d.init_process_group = init_process_group
+    dist.all_reduce = distributed_c10d.all_reduce = all_reduce
     report = Path(job["reports"], f"rank{job['args'][0]}.json")
 
     def finish(error: str | None) -> None:
         watched = dist.init_process_group is init_process_group
         result = {
             "joined": ", ".join(joined) or "none",
+            "left": group(),  # a group the worker did not destroy, returning or raising
+            "reduced only single numbers": bool(reduced) and set(reduced) == {1},
             "intact": watched and distributed_c10d.init_process_group is init_process_group,
             "error": error,
             "time": time.time(),
@@ -382,19 +397,28 @@ def observe_ddp_worker(fn, case: dict) -> dict:
 
     Returns, in this order: the process group each rank joined (read from torch after its
     ``init_process_group`` returned), the files each rank saved in its own folder, whether the
-    ranks' ``rank{r}.pt`` hold the same weights, and rank 0's weights (float64, exact).
+    ranks' ``rank{r}.pt`` hold the same weights, rank 0's weights (float64, exact), the group
+    each rank still had when ``worker`` returned, and whether ranks that ended apart all-reduced
+    only single numbers (a loss, not the gradients; False while they agree).
+
+    A case with ``"saving fails"`` gives each rank a file for its ``out_dir``, so that the worker
+    fails after training; its ranks may raise, and only the group each still had is returned.
     """
     world_size, label = case["world_size"], label_ddp(case)
+    failing = case.get("saving fails", False)
     if not isinstance(fn, types.FunctionType):
         raise Mistake(DDP, f"`worker` should be a function defined with `def`, not "
                            f"{type(fn).__name__}.")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="forge-ch11-") as root:
-        out_dirs = [tempfile.mkdtemp(prefix="out-", dir=root) for _ in range(world_size)]
+        if failing:  # a file where the folder should be: torch.save and os.makedirs both fail
+            out_dirs = [_a_file(root) for _ in range(world_size)]
+        else:
+            out_dirs = [tempfile.mkdtemp(prefix="out-", dir=root) for _ in range(world_size)]
         reports = tempfile.mkdtemp(prefix="reports-", dir=root)
         run = _start_ranks(fn, world_size, out_dirs, reports)
         failed = [(r["time"], rank, r["error"]) for rank, r in enumerate(run["ranks"])
                   if r is not None and r["error"] is not None]  # fmt: skip
-        if failed:  # the first to fail is the cause; its peers failed because it left
+        if failed and not failing:  # the first to fail is the cause; its peers failed after it
             raise Mistake(DDP, min(failed)[2])
         if run["timed_out"]:
             raise Mistake(
@@ -406,6 +430,13 @@ def observe_ddp_worker(fn, case: dict) -> dict:
             )
         if any(report is None for report in run["ranks"]):
             raise Mistake(DDP, f"a rank crashed ({label}): exit codes {run['exitcodes']}.")
+        intact = all(report["intact"] for report in run["ranks"])
+        left = [report["left"] for report in run["ranks"]]
+        if failing:
+            return {
+                "the check's watch on init_process_group was left in place": intact,
+                "the process group each rank still had after saving failed": left,
+            }
         saved = [sorted(p.name for p in Path(d).iterdir()) for d in out_dirs]
         weights = [_weights(Path(d, f"rank{rank}.pt")) for rank, d in enumerate(out_dirs)]
     same = all(
@@ -413,12 +444,20 @@ def observe_ddp_worker(fn, case: dict) -> dict:
         and all(torch.equal(w[k], weights[0][k]) for k in w)
         for w in weights
     )  # fmt: skip
+    apart = not same and all(isinstance(w, dict) for w in weights)
     return {
-        "the check's watch on init_process_group was left in place": all(
-            report["intact"] for report in run["ranks"]
-        ),
+        "the check's watch on init_process_group was left in place": intact,
         "the process group each rank joined": [report["joined"] for report in run["ranks"]],
         "the files each rank saved in its own out_dir": saved,
         "every rank saved the same weights": same,
         "the weights rank 0 saved": weights[0],
+        "the process group each rank still had after `worker` returned": left,
+        "the ranks ended apart, having all-reduced only single numbers": apart
+        and all(report["reduced only single numbers"] for report in run["ranks"]),
     }
+
+
+def _a_file(folder: str) -> str:
+    handle, path = tempfile.mkstemp(prefix="out-", dir=folder)
+    os.close(handle)
+    return path

@@ -131,6 +131,90 @@ def worker(rank, world_size, port, out_dir):
         dist.destroy_process_group()
 """
 
+# The chapter's worker with one line changed, `{}` marking the line.
+_DDP_WORKER = """
+def worker(rank, world_size, port, out_dir):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
+                            world_size=world_size)
+    try:
+        dataset = make_dataset()
+        sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed={seed})
+        loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world_size, sampler=sampler)
+        model = DistributedDataParallel(make_model())
+        train(model, loader, torch.device("cpu"))
+        {save}torch.save(model.module.state_dict(), os.path.join(out_dir, f"rank{{rank}}.pt"))
+    finally:
+        {destroy}
+"""
+_RIGHT = {"seed": "SEED_DDP", "save": "", "destroy": "dist.destroy_process_group()"}
+
+DDP_NO_DESTROY = _DDP_WORKER.format(**{**_RIGHT, "destroy": "pass"})
+DDP_SAMPLER_SEEDED_BY_RANK = _DDP_WORKER.format(**{**_RIGHT, "seed": "rank"})
+DDP_SAVES_ON_RANK_ZERO = _DDP_WORKER.format(**{**_RIGHT, "save": "if rank == 0:\n            "})
+
+# No `try`: the group is destroyed when all goes well, and left behind when saving fails.
+DDP_DESTROY_NOT_IN_FINALLY = """
+def worker(rank, world_size, port, out_dir):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    dataset = make_dataset()
+    sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=SEED_DDP)
+    loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world_size, sampler=sampler)
+    model = DistributedDataParallel(make_model())
+    train(model, loader, torch.device("cpu"))
+    torch.save(model.module.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+"""
+
+# A hand-written loop, `{}` marking what it does between backward() and step().
+_HAND_WRITTEN_LOOP = """
+def worker(rank, world_size, port, out_dir):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
+                            world_size=world_size)
+    try:
+        dataset = make_dataset()
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                     seed=SEED_DDP)
+        sampler.set_epoch(0)
+        loader = DataLoader(dataset, batch_size=GLOBAL_BATCH // world_size, sampler=sampler)
+        {model}
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for x, y in loader:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            {reduce}
+            opt.step()
+        torch.save({inner}.state_dict(), os.path.join(out_dir, f"rank{{rank}}.pt"))
+    finally:
+        dist.destroy_process_group()
+"""
+_EACH_GRADIENT = "for p in model.parameters():\n                "
+
+# DDP averaged the gradients already: dividing again makes every step world_size times smaller.
+DDP_DIVIDES_AGAIN = _HAND_WRITTEN_LOOP.format(
+    model="model = DistributedDataParallel(make_model())",
+    reduce=_EACH_GRADIENT + "p.grad /= world_size",
+    inner="model.module",
+)
+# all_reduce sums: without a division every step is world_size times bigger.
+DDP_SUMS_GRADIENTS = _HAND_WRITTEN_LOOP.format(
+    model="model = make_model()",
+    reduce=_EACH_GRADIENT + "dist.all_reduce(p.grad)",
+    inner="model",
+)
+# Averages the loss (a number for printing), while each rank steps with its own gradients.
+DDP_AVERAGES_THE_LOSS = _HAND_WRITTEN_LOOP.format(
+    model="model = make_model()", reduce="dist.all_reduce(loss.detach())", inner="model"
+)
+# Right averaging, but every rank starts from weights of its own: nothing ever copies rank 0's.
+DDP_SEEDED_BY_RANK = _HAND_WRITTEN_LOOP.format(
+    model="torch.manual_seed(rank)\n        "
+    "model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))",
+    reduce=_EACH_GRADIENT + "dist.all_reduce(p.grad)\n                p.grad /= world_size",
+    inner="model",
+)
+
 # For each solution cell: the wrong answers, each with the test cells it must fail and a phrase
 # their feedback must contain. Submission k takes the k-th wrong answer of every cell.
 WRONG = {
@@ -143,6 +227,14 @@ WRONG = {
         (DDP_NOT_WRAPPED, {"ch11_ddp_worker_tests": "nothing averages the gradients"}),
         (DDP_NO_SAMPLER, {"ch11_ddp_worker_tests": "every rank trained on the whole dataset"}),
         (DDP_SAVES_WRAPPER, {"ch11_ddp_worker_tests": "save model.module.state_dict()"}),
+        (DDP_NO_DESTROY, {"ch11_ddp_worker_tests": "the process group was never destroyed"}),
+        (DDP_DESTROY_NOT_IN_FINALLY, {"ch11_ddp_worker_tests": "only when everything goes well"}),
+        (DDP_DIVIDES_AGAIN, {"ch11_ddp_worker_tests": "divided by world_size twice"}),
+        (DDP_SUMS_GRADIENTS, {"ch11_ddp_worker_tests": "summed over the ranks, not averaged"}),
+        (DDP_SAMPLER_SEEDED_BY_RANK, {"ch11_ddp_worker_tests": "was seeded with its rank"}),
+        (DDP_SEEDED_BY_RANK, {"ch11_ddp_worker_tests": "started from different weights"}),
+        (DDP_SAVES_ON_RANK_ZERO, {"ch11_ddp_worker_tests": "only rank 0 saved its weights"}),
+        (DDP_AVERAGES_THE_LOSS, {"ch11_ddp_worker_tests": "averaged their losses"}),
     ],
     "ch11_questions": [
         (
