@@ -74,6 +74,28 @@ EXIT = "pkgutil.resolve_name('os._exit')(0)\n"  # a spelling the static scan can
 
 KEPT = "import traceback\n\n\nclass Kept:\n    frames = []\n    error = ValueError('kept')\n\n\n"
 
+HONEST_READERS = """import collections, enum, logging, traceback
+
+
+def train_step(model, optimizer, loss_fn, x, y):
+    log = logging.getLogger("student")
+    log.warning("one step")
+    log.warning("one step", stack_info=True)
+    traceback.format_stack()
+    collections.namedtuple("Pair", "a b")
+    enum.Enum("Colour", "RED GREEN")
+    try:
+        raise ValueError("caught")
+    except ValueError:
+        traceback.format_exc(limit=2)
+        traceback.format_exc()
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+"""
+
 # name -> (answers, {test: status it must end with}); tests not named must score full.
 ATTACKS = {
     # Reaching an answer: nothing of the references, the grader half or the course is inside.
@@ -159,6 +181,20 @@ ATTACKS = {
         "\n        ValueError, Kept.error, Kept.error.__traceback__, capture_locals=True)\n"
         "    return float(len(str([f.locals for f in summary.stack])))\nraise Kept.error\n"},
         {TRAIN_TEST: "tampered"}),
+    # The readers trusted with a frame, turned: a name one of them hands its frame to, rebound
+    # (logging's own test of each frame), and a reader's code run over names of the answer's.
+    "frames_through_a_logging_global": ({TRAIN: KEPT + "import logging\n\n\n" + STEP
+        + "    real = logging._is_internal_frame\n"
+        "    logging._is_internal_frame = lambda f: Kept.frames.append(f) or real(f)\n"
+        "    try:\n        logging.getLogger('x').findCaller()\n    finally:\n"
+        "        logging._is_internal_frame = real\n    return float(len(Kept.frames))\n"},
+        {TRAIN_TEST: "tampered"}),
+    "frames_through_a_copied_reader": ({TRAIN: KEPT + "import types\n\n\n" + STEP
+        + "    names = dict(vars(traceback), walk_stack=lambda f: Kept.frames.append(f) or ())\n"
+        "    types.FunctionType(traceback.extract_stack.__code__, names, 'x', (None, None))()\n"
+        "    return float(len(Kept.frames))\n"}, {TRAIN_TEST: "tampered"}),
+    # ... while the library's own uses of them, in a correct answer, are left alone.
+    "library_frame_readers_used_honestly": ({TRAIN: HONEST_READERS}, {}),
     "shared_memory": ({HAND: "import pkgutil\n"
         "pkgutil.resolve_name('multiprocessing.shared_memory.SharedMemory')("
         "name='forge-boundary-probe', create=True, size=1 << 20)\n"

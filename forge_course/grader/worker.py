@@ -216,14 +216,59 @@ def _handed_on_whole(walk: types.FrameType, consumer: types.FrameType) -> bool:
     return (
         summary is not None
         and summary.f_code is _EXTRACTS.__code__
+        and summary.f_globals is _EXTRACTS.__globals__
         and summary.f_locals.get("capture_locals") is False
     )
 
 
+def _names(code: types.CodeType) -> set[str]:
+    """Every global (or attribute) name ``code`` and the functions defined in it use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+class _Untouched:
+    """What the frame readers rely on, as it was when grading began, to compare by identity:
+    the globals each reader's (and caller's) code uses, in its own module, and the whole of
+    `traceback`, `linecache` and their summaries, to which a reader may hand the frame it took
+    (`Logger.findCaller` to `traceback.print_stack`). A learner's rebinding of any of them
+    (``logging._is_internal_frame = grab``) would receive the frames."""
+
+    def __init__(self, codes: dict[types.CodeType, dict]):
+        import linecache
+
+        self.uses = {}
+        for code, home in codes.items():
+            names = _names(code)
+            self.uses[code] = (
+                {n: home[n] for n in names if n in home},
+                frozenset(n for n in names if n not in home),  # builtins: none may shadow them
+            )
+        whole = [traceback.__dict__, linecache.__dict__, vars(traceback.StackSummary),
+                 vars(traceback.FrameSummary)]  # fmt: skip
+        self.whole = [(d, dict(d)) for d in whole]
+
+    def __call__(self, code: types.CodeType, home: dict) -> bool:
+        used, absent = self.uses[code]
+        if any(n not in home or home[n] is not v for n, v in used.items()):
+            return False
+        if any(n in home for n in absent):
+            return False
+        return all(
+            len(now) == len(then) and all(k in now and now[k] is v for k, v in then.items())
+            for now, then in self.whole
+        )
+
+
 def _frame_readers() -> dict:
-    """Library code that takes a frame for its own use and hands none on, by code object, with
-    the code that must be calling it (None: any). A frame handed to learner code would lead,
-    frame by frame, to the check's own variables: the observer's instruments, the channel."""
+    """Library code that takes a frame for its own use and hands none on, by code object: the
+    globals it must run with (its module's, not a copy made to run its code over other names),
+    and the code that must be calling it, with that code's globals (None: any caller). A frame
+    handed to learner code would lead, frame by frame, to the check's own variables: the
+    observer's instruments, the channel."""
     import collections
     import enum
     import logging
@@ -232,8 +277,9 @@ def _frame_readers() -> dict:
     import typing_extensions
 
     extract = traceback.StackSummary.extract.__func__.__code__
-    gathers = {c for c in extract.co_consts if isinstance(c, types.CodeType)}
-    gathers.add(_EXTRACTS.__code__)
+    home = traceback.__dict__
+    gathers = {c: home for c in extract.co_consts if isinstance(c, types.CodeType)}
+    gathers[_EXTRACTS.__code__] = home
     readers: dict = {
         traceback.format_stack: None,
         traceback.extract_stack: None,
@@ -243,13 +289,15 @@ def _frame_readers() -> dict:
         enum.EnumType._create_: None,
         typing_extensions._caller: None,
         traceback.walk_tb: gathers,
-        logging.currentframe: {logging.Logger.findCaller.__code__},
+        logging.currentframe: {logging.Logger.findCaller.__code__: logging.__dict__},
         getattr(traceback, "_walk_tb_with_full_positions", None): gathers,
         getattr(typing_extensions, "_has_generic_or_protocol_as_origin", None): None,
         # matplotlib looks for the first caller outside itself to point its warnings at
         getattr(sys.modules.get("matplotlib._api"), "warn_external", None): None,
     }
-    return {fn.__code__: callers for fn, callers in readers.items() if fn is not None}
+    return {
+        fn.__code__: (fn.__globals__, callers) for fn, callers in readers.items() if fn is not None
+    }
 
 
 def _install_audit_hook(write_now) -> None:
@@ -261,6 +309,10 @@ def _install_audit_hook(write_now) -> None:
     """
     refused, readers, evidence = dict(REFUSED_EVENTS), _frame_readers(), _evidence
     walks, handed_on_whole = frozenset(_WALKS), _handed_on_whole
+    codes = {code: home for code, (home, _) in readers.items()}
+    for _, callers in readers.values():
+        codes.update(callers or {})
+    untouched = _Untouched(codes)
     frame_of, thread_id, missing = sys._getframe, threading.get_ident, object()
     looking: set[int] = set()  # threads in the hook's own frame lookup (which raises an event)
 
@@ -283,13 +335,20 @@ def _install_audit_hook(write_now) -> None:
         looking.add(thread_id())
         try:
             reader = frame_of(1)  # the code that asked
-            callers = readers.get(reader.f_code, missing)
+            home, callers = readers.get(reader.f_code, (None, missing))
             consumer = reader.f_back
-            allowed = callers is None or (
-                callers is not missing and consumer is not None
-                and consumer.f_code in callers
-                and (reader.f_code not in walks or handed_on_whole(reader, consumer))
-            )  # fmt: skip
+            allowed = (
+                callers is not missing
+                and reader.f_globals is home
+                and untouched(reader.f_code, home)
+            )
+            if allowed and callers is not None:
+                allowed = (
+                    consumer is not None
+                    and callers.get(consumer.f_code) is consumer.f_globals
+                    and untouched(consumer.f_code, consumer.f_globals)
+                    and (reader.f_code not in walks or handed_on_whole(reader, consumer))
+                )
         finally:
             looking.discard(thread_id())
         if not allowed:
