@@ -355,7 +355,8 @@ def training_arithmetic(dataset_size, batch_size, epochs, accum_steps=1, drop_la
 
 
 # %% nbgrader={"grade_id": "ch00_training_arithmetic_tests", "grade": true, "points": 3}
-# Visible tests: the chapter's worked examples, drop_last, and a batch size that divides N.
+# Visible tests: the chapter's worked examples, drop_last (with N < B too), and a batch size
+# that divides N.
 from forge_course.grading import ch00
 
 ch00.check_training_arithmetic(training_arithmetic)

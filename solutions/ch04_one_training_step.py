@@ -497,7 +497,8 @@ def train_step(model, optimizer, loss_fn, x, y):
 
 
 # %% nbgrader={"grade_id": "ch04_train_step_tests", "grade": true, "points": 3}
-# Visible tests: two steps on a small network with SGD + momentum, compared with the reference.
+# Visible tests: two steps on a small network, with SGD + momentum and a squared error, then
+# plain SGD and cross-entropy, compared with the reference.
 from forge_course.grading import ch04
 
 ch04.check_train_step(train_step)

@@ -84,12 +84,12 @@ def training_arithmetic_cases(thorough: bool = False) -> list[dict]:
         _case(100, 16, 1, drop_last=True),  # batch assembly with drop_last
         _case(1_024, 32, 2, 4),  # B divides N and K divides the micro-batches
         _case(100, 16, 2, 3, drop_last=True),  # drop_last with accumulation
+        _case(5, 8, 3, 2, drop_last=True),  # N < B with drop_last: not one batch
     ]
     if thorough:
         cases += [
             _case(50_000, 256),
             _case(20_000, 64, 10, 4),
-            _case(5, 8, 3, 2, drop_last=True),  # N < B with drop_last: not one batch
             _case(5, 8, 3, 2),  # N < B: one partial batch
             _case(1, 1, 1),
             _case(64, 64, 2, drop_last=True),

@@ -125,10 +125,13 @@ check_hand_step = HAND_STEP.check
 
 
 def train_step_cases(thorough: bool = False) -> list[dict]:
-    """CPU, float32, momentum, MSE; thorough adds every device, float64, Adam, cross-entropy."""
+    """CPU, float32: momentum with MSE, and SGD with cross-entropy (a loss whose arguments
+    cannot be swapped unseen); thorough adds every device, float64 and Adam."""
     if not thorough:
+        cpu = {"device": "cpu", "dtype": "float32"}
         return [
-            {"device": "cpu", "dtype": "float32", "optimizer": "momentum", "loss": "mse", "seed": 0}
+            {**cpu, "optimizer": "momentum", "loss": "mse", "seed": 0},
+            {**cpu, "optimizer": "sgd", "loss": "ce", "seed": 1},
         ]
     seed = grading_seed()
     cases = []
