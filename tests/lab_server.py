@@ -13,7 +13,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,16 +21,11 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from forge_course.ports import free_port
 from tests.conftest import REPO
 
 TOKEN = "forge-test-token"
 LEARNER_HEADING = "### On your own computer"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str, method: str = "GET") -> bytes:

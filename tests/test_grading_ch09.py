@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import itertools
 import math
 import os
 import pickle
@@ -11,6 +12,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -219,6 +221,41 @@ def save_with_tmp_in_the_system_folder(path, model, optimizer, scheduler, step):
 def test_a_temporary_file_outside_the_folder_is_named():
     with pytest.raises(Mistake, match="written outside the checkpoint's folder"):
         ch09.CHECKPOINT_SAVE.check(save_with_tmp_in_the_system_folder, thorough=True)
+
+
+@contextlib.contextmanager
+def another_thread_writing_files_elsewhere():
+    """What IPython's history thread does in a kernel (CI saw it): a new file, a journal,
+    opened for writing outside the checkpoint's folder at any moment. Here one always is."""
+    stop = threading.Event()
+
+    def write():
+        with tempfile.TemporaryDirectory() as folder:
+            held = open(Path(folder, "0-journal"), "wb")  # noqa: SIM115  (closed in turn)
+            for n in itertools.count(1):
+                if stop.is_set():
+                    break
+                fresh = open(Path(folder, f"{n}-journal"), "wb")  # noqa: SIM115
+                held.close()
+                os.unlink(held.name)
+                held = fresh
+            held.close()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join()
+
+
+def test_files_other_threads_write_elsewhere_are_not_the_saves():
+    with another_thread_writing_files_elsewhere():
+        for save in (SPEC_SAVE, save_with_tempfile, save_in_a_folder_inside):
+            ch09.CHECKPOINT_SAVE.check(save, thorough=True)
+        with pytest.raises(Mistake, match="written outside the checkpoint's folder"):
+            ch09.CHECKPOINT_SAVE.check(save_with_tmp_in_the_system_folder, thorough=True)
 
 
 def save_keeping_a_backup(path, model, optimizer, scheduler, step):

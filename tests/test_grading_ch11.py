@@ -376,3 +376,35 @@ def test_ddp_worker_ranks_are_fresh_interpreters_where_fork_is_unsafe(settings, 
     with pytest.raises(Mistake) as caught:
         one_mistake.check(wrong)
     assert message in str(caught.value)
+
+
+@pytest.mark.slow
+def test_ddp_worker_runs_again_when_another_program_took_its_port(monkeypatch):
+    """Between the moment a port is found free and the moment rank 0 binds it, another program
+    can take it (CI saw it: an outgoing connection's local port). The case runs again on
+    another port instead of failing a correct answer with EADDRINUSE."""
+    import socket
+
+    from forge_course import ports
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        handed = []
+
+        def first_a_taken_port():
+            handed.append(taken if not handed else ports.free_port())
+            return handed[-1]
+
+        monkeypatch.setattr(observe, "free_port", first_a_taken_port)
+        ch11.check_ddp_worker(ddp_with_own_loop)
+    assert handed[0] == taken and taken not in handed[1:]  # every case ran, the first twice
+
+
+def test_free_ports_come_from_below_the_ephemeral_range():
+    from forge_course import ports
+
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    chosen = {ports.free_port() for _ in range(20)}
+    assert all(port in ports.QUIET and port < low for port in chosen)

@@ -17,8 +17,9 @@ import pytest
 from nbformat.sign import NotebookNotary
 
 from forge_course import cli, lab
+from forge_course.ports import free_port
 from tests.conftest import CHAPTERS, REPO
-from tests.lab_server import free_port, get, readme_commands
+from tests.lab_server import get, readme_commands
 from tests.lab_server import lab as running_lab
 
 

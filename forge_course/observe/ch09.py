@@ -54,7 +54,7 @@ FILE = "checkpoint.pt"
 NOT_REACHED = "not reached"
 # What the evidence is read and made with, bound when this module is imported, before any
 # answer runs: an answer that later replaces ``os.fstat`` or ``os.chmod`` changes none of these.
-_open, _close, _fstat, _chmod = os.open, os.close, os.fstat, os.chmod
+_open, _close, _dup, _fstat, _chmod = os.open, os.close, os.dup, os.fstat, os.chmod
 _stat, _read = os.stat, os.read
 
 
@@ -217,23 +217,25 @@ class _DiskFull(RuntimeError):
 
 
 class _Unwritable:
-    """Fails to be written; first it notes which files the save had open for writing."""
+    """Fails to be written; first it notes whether the save was writing outside the folder."""
 
-    def __init__(self, folder: Path, open_before: set):
-        self.folder, self.open_before, self.outside = folder, open_before, False
+    def __init__(self, folder: Path, open_before: set[tuple[int, int, int]]):
+        self.folder, self.outside = folder, False
+        self.open_before = {(dev, ino) for dev, ino, _ in open_before}
 
     def __reduce__(self):
         with contextlib.suppress(OSError):  # the folder changing under us: nothing to note
-            writing = _files_open_for_writing() - self.open_before
+            new = [(dev, ino, links) for dev, ino, links in _files_open_for_writing()
+                   if (dev, ino) not in self.open_before]  # fmt: skip
             here = {(info.st_dev, info.st_ino) for info in map(os.stat, _files_under(self.folder))}
             folder_device = self.folder.stat().st_dev
-            # A file open for writing that is neither in the folder (or a folder inside it) nor
-            # an unnamed file on the folder's file system (an O_TMPFILE there) is written where
-            # a rename onto `path` may not be atomic.
-            self.outside = any(
-                (dev, ino) not in here and (links > 0 or dev != folder_device)
-                for dev, ino, links in writing
-            )
+            # In the folder (or a folder inside it), or an unnamed file on the folder's file
+            # system (an O_TMPFILE there): where a rename onto `path` is atomic.
+            inside = [(dev, ino) in here or (links == 0 and dev == folder_device)
+                      for dev, ino, links in new]  # fmt: skip
+            # Only a save writing nothing inside can be writing outside: another thread of the
+            # process (IPython's history, a logger) may open a file anywhere at any moment.
+            self.outside = bool(inside) and not any(inside)
         raise _DiskFull("no space left on device (simulated)")
 
 
@@ -253,8 +255,13 @@ class _FailingScheduler:
         return {"last_epoch": 7, "broken": self.unwritable}
 
 
-def _files_open_for_writing() -> set[tuple[int, int, int]]:
-    """``(device, inode, links)`` of every regular file this process has open for writing."""
+def _files_open_for_writing(held: list[int] | None = None) -> set[tuple[int, int, int]]:
+    """``(device, inode, links)`` of every regular file this process has open for writing.
+
+    Each descriptor is looked at through a copy of it: another thread may close it and open
+    another file under its number meanwhile. Those copies are appended to ``held``, if given,
+    for the caller to close: while they are open, no file can take over those inodes.
+    """
     if fcntl is None:
         return set()
     try:
@@ -264,11 +271,17 @@ def _files_open_for_writing() -> set[tuple[int, int, int]]:
     found = set()
     for fd in descriptors:
         try:
-            info, flags = os.fstat(fd), fcntl.fcntl(fd, fcntl.F_GETFL)
+            copy = _dup(fd)
         except OSError:  # the descriptor of the listing itself, closed by now
             continue
-        if stat.S_ISREG(info.st_mode) and flags & os.O_ACCMODE != os.O_RDONLY:
-            found.add((info.st_dev, info.st_ino, info.st_nlink))
+        with contextlib.suppress(OSError):
+            info, flags = _fstat(copy), fcntl.fcntl(copy, fcntl.F_GETFL)
+            if stat.S_ISREG(info.st_mode) and flags & os.O_ACCMODE != os.O_RDONLY:
+                found.add((info.st_dev, info.st_ino, info.st_nlink))
+                if held is not None:
+                    held.append(copy)
+                    continue
+        _close(copy)
     return found
 
 
@@ -445,11 +458,18 @@ def _failed_save(save_fn, folder: Path, case: dict, label: str) -> dict:
     path = folder / FILE
     before = path.read_bytes()
     names_before = {p.name for p in folder.iterdir()}
-    unwritable = _Unwritable(folder, _files_open_for_writing())
-    _, error = _attempt(
-        "save_checkpoint", save_fn, path, model, optimizer, _FailingScheduler(unwritable), 99,
-        case=label,
-    )  # fmt: skip
+    # Held open until the save is over, so that no file it creates can get the inode of one
+    # that was open before and closed since (another thread's): it would pass for old.
+    held: list[int] = []
+    unwritable = _Unwritable(folder, _files_open_for_writing(held))
+    try:
+        _, error = _attempt(
+            "save_checkpoint", save_fn, path, model, optimizer, _FailingScheduler(unwritable),
+            99, case=label,
+        )  # fmt: skip
+    finally:
+        for fd in held:
+            _close(fd)
     if not path.exists():
         after = "gone: the save deleted it before writing the new one"
     elif path.read_bytes() == before:

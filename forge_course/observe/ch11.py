@@ -24,7 +24,6 @@ import json
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ import torch
 
 from forge_course.observe import by_value, common
 from forge_course.observe.common import Mistake, call_answer
+from forge_course.ports import free_port
 
 RING, DDP = "ch11_ring_allreduce", "ch11_ddp_worker"
 
@@ -102,6 +102,7 @@ def observe_ring(fn, case: dict) -> dict:
 DDP_TIMEOUT_S = 60  # seconds all ranks together may take, start-up included, before they stop
 _DONE_WAIT_S = 10  # how long a finished rank waits for its peers before it leaves
 _FAILED_WAIT_S = 5  # how long the peers of a failed rank get to fail on their own
+PORT_TRIES = 3  # a case whose rendezvous port another program took first runs again
 EXIT_CODES = "exit codes.json"  # beside the ranks' reports (`rank{r}.json`), by their leader
 # The zygote starts with the caller's path (its first line) and serves one case per line.
 _BOOT = (
@@ -125,13 +126,6 @@ def label_ddp(case: dict) -> str:
     return f"{ranks}, each out_dir a file, so saving fails" if case.get("saving fails") else ranks
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now, for the ranks' rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 # -- one rank --------------------------------------------------------------------------------
 
 _RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap}
@@ -150,6 +144,7 @@ def _rank_process(job: dict) -> None:
 
     real_init, joined = distributed_c10d.init_process_group, []
     real_all_reduce, reduced = distributed_c10d.all_reduce, []
+    port_taken: list[bool] = []
     # The library's own, whatever the worker rebinds.
     is_initialized = distributed_c10d.is_initialized
     get_rank, get_world_size = distributed_c10d.get_rank, distributed_c10d.get_world_size
@@ -158,7 +153,11 @@ def _rank_process(job: dict) -> None:
         return f"rank {get_rank()} of {get_world_size()}" if is_initialized() else "none"
 
     def init_process_group(*args, **kwargs):
-        real_init(*args, **kwargs)
+        try:
+            real_init(*args, **kwargs)
+        except Exception as err:
+            port_taken.append("EADDRINUSE" in str(err))  # another program bound it first
+            raise
         joined.append(group())
 
     def all_reduce(tensor, *args, **kwargs):  # notes how many numbers each call reduced
@@ -180,6 +179,7 @@ def _rank_process(job: dict) -> None:
             "left": group(),  # a group the worker did not destroy, returning or raising
             "reduced only single numbers": bool(reduced) and set(reduced) == {1},
             "intact": watched and distributed_c10d.init_process_group is init_process_group,
+            "port taken": any(port_taken),
             "error": error,
             "time": time.time(),
         }
@@ -410,12 +410,17 @@ def observe_ddp_worker(fn, case: dict) -> dict:
         raise Mistake(DDP, f"`worker` should be a function defined with `def`, not "
                            f"{type(fn).__name__}.")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="forge-ch11-") as root:
-        if failing:  # a file where the folder should be: torch.save and os.makedirs both fail
-            out_dirs = [_a_file(root) for _ in range(world_size)]
-        else:
-            out_dirs = [tempfile.mkdtemp(prefix="out-", dir=root) for _ in range(world_size)]
-        reports = tempfile.mkdtemp(prefix="reports-", dir=root)
-        run = _start_ranks(fn, world_size, out_dirs, reports)
+        for _ in range(PORT_TRIES):  # each try in folders of its own
+            attempt = tempfile.mkdtemp(prefix="try-", dir=root)
+            if failing:  # a file where the folder should be: torch.save and os.makedirs fail
+                out_dirs = [_a_file(attempt) for _ in range(world_size)]
+            else:
+                out_dirs = [tempfile.mkdtemp(prefix="out-", dir=attempt) for _ in
+                            range(world_size)]  # fmt: skip
+            reports = tempfile.mkdtemp(prefix="reports-", dir=attempt)
+            run = _start_ranks(fn, world_size, out_dirs, reports)
+            if not any(report and report["port taken"] for report in run["ranks"]):
+                break
         failed = [(r["time"], rank, r["error"]) for rank, r in enumerate(run["ranks"])
                   if r is not None and r["error"] is not None]  # fmt: skip
         if failed and not failing:  # the first to fail is the cause; its peers failed after it

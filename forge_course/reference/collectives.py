@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from forge_course.ports import free_port
 from forge_course.reference.guard import reference
 
 __all__ = [
@@ -293,8 +294,6 @@ def _all_reduce_rank(rank: int, buffers: list, port: int, out_dir: str, timeout_
 
 def gloo_all_reduce(buffers: list[list[float]], timeout_s: float = 60.0) -> list[list[float]]:
     """Each rank's buffer after a real ``torch.distributed.all_reduce`` (sum, gloo, float64)."""
-    from forge_course.reference.ddp import free_port
-
     with tempfile.TemporaryDirectory(prefix="forge-allreduce-") as out_dir:
         args = (buffers, free_port(), out_dir, timeout_s)
         run = run_ranks(_all_reduce_rank, len(buffers), args, timeout_s)

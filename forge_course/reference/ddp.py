@@ -33,7 +33,6 @@ import gc
 import importlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from forge_course.device import pick_device, tolerance
+from forge_course.ports import free_port
 from forge_course.reference.guard import reference
 
 __all__ = [
@@ -273,13 +273,6 @@ def _first_failure(out_dir: Path, reported: mp.ProcessRaisedException) -> Except
         f"(the first rank to fail; the others failed after it):\n{first['trace']}"
     )
     return mp.ProcessRaisedException(message, first["rank"], first["pid"])
-
-
-def free_port() -> int:
-    """A TCP port nobody is listening on now, for the ranks' rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def run_demo(
