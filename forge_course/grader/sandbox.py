@@ -60,7 +60,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 # The only parts of forge_course a grading worker can import: none holds an answer (the loop
 # doctor is an instrument: it runs the learner's loop and names what it sees).
 WORKER_FILES = (
-    "__init__.py", "device.py", "data", "observe", "doctor", "sims/__init__.py",
+    "__init__.py", "device.py", "ports.py", "data", "observe", "doctor", "sims/__init__.py",
     "sims/display.py", "grader/__init__.py", "grader/worker.py", "grader/codec.py",
 )  # fmt: skip
 STAGE_IN_SANDBOX = "/opt/forge"
