@@ -248,15 +248,58 @@ ATTACKS = {
 # A signal handler is given the frame it interrupted, with no audit event, and from there
 # `f_back` leads to the job's own variables (its hidden cases, the observer, the channel).
 REACHED = 424242.0
-OPEN = {
-    "frame_from_a_signal_handler": {TRAIN: "import _signal\n" + STEP
-        + "    got = []\n"
-        "    old = _signal.signal(_signal.SIGUSR1, lambda number, frame: got.append(frame))\n"
-        "    _signal.raise_signal(_signal.SIGUSR1)\n    _signal.signal(_signal.SIGUSR1, old)\n"
-        "    frame = got[0]\n    while frame is not None and 'job' not in frame.f_locals:\n"
-        "        frame = getattr(frame, 'f_' + 'back')\n"
-        f"    return {REACHED} if frame is not None else 0.0\n"},
+# A Python signal handler is called with the frame the signal interrupted, and from there
+# `f_back` leads to the job's own (its cases, its channel). Each answer tries one way to be so
+# called and returns REACHED if it found the job's frame.
+CLIMB = (
+    "    frame = got[0] if got else None\n"
+    "    while frame is not None and 'job' not in frame.f_locals:\n"
+    "        frame = getattr(frame, 'f_' + 'back')\n"
+    f"    return {REACHED} if frame is not None else 0.0\n"
+)
+GRAB = "    got = []\n    grab = lambda number, frame: got.append(frame)\n"
+# Each written past the grader's reading of the source (which would refuse it as tampering),
+# to show what the sandbox does when it runs.
+EVADE = ("import os, pkgutil\nsignal = pkgutil.resolve_name('_' + 'signal')\n"
+         "fork, leave = getattr(os, 'fo' + 'rk'), getattr(os, '_ex' + 'it')\n")  # fmt: skip
+SIGNALS = {
+    "signal_raised": EVADE + STEP + GRAB
+        + "    signal.signal(signal.SIGUSR1, grab)\n    signal.raise_signal(signal.SIGUSR1)\n",
+    "signal_from_a_timer": EVADE + "import time\n" + STEP + GRAB
+        + "    signal.signal(signal.SIGALRM, grab)\n"
+        "    signal.setitimer(signal.ITIMER_REAL, 0.01)\n"
+        "    end = time.monotonic() + 2\n    while not got and time.monotonic() < end:\n"
+        "        pass\n",
+    "signal_from_a_child_that_ends": EVADE + "import time\n" + STEP + GRAB
+        + "    signal.signal(signal.SIGCHLD, grab)\n    pid = fork()\n"
+        "    if pid == 0:\n        leave(0)\n    os.waitpid(pid, 0)\n    time.sleep(0.1)\n",
+    "signal_module_made_afresh": EVADE + STEP + GRAB
+        + "    machinery = pkgutil.resolve_name('importlib.' + 'machinery')\n"
+        "    spec = machinery.BuiltinImporter.find_spec('_' + 'signal')\n"
+        "    fresh = pkgutil.resolve_name('importlib.' + 'util').module_from_spec(spec)\n"
+        "    spec.loader.exec_module(fresh)\n"
+        "    fresh.signal(fresh.SIGUSR2, grab)\n    fresh.raise_signal(fresh.SIGUSR2)\n",
+    # No new handler: the cells of every handler in place that is Python code now call `grab`.
+    "signal_handlers_in_place_rewired": EVADE + STEP + GRAB
+        + "    for number in signal.valid_signals():\n"
+        "        handler = signal.getsignal(number)\n"
+        "        for cell in getattr(handler, '__closure__', None) or ():\n"
+        "            cell.cell_contents = grab\n"
+        "            signal.raise_signal(number)\n",
+    # A forked child holds a copy of the job's frames: it reports what it reached on a pipe.
+    "signal_in_a_forked_child": EVADE + STEP + GRAB
+        + "    read, write = os.pipe()\n    pid = fork()\n    if pid == 0:\n"
+        "        try:\n            signal.signal(signal.SIGUSR1, grab)\n"
+        "            signal.raise_signal(signal.SIGUSR1)\n"
+        "            frame = got[0]\n"
+        "            while frame is not None and 'job' not in frame.f_locals:\n"
+        "                frame = getattr(frame, 'f_' + 'back')\n"
+        "            os.write(write, b'y' if frame is not None else b'n')\n"
+        "        finally:\n            leave(0)\n"
+        "    os.close(write)\n    os.waitpid(pid, 0)\n"
+        f"    return {REACHED} if os.read(read, 1) == b'y' else 0.0\n",
 }  # fmt: skip
+SIGNALS = {name: {TRAIN: answer + CLIMB} for name, answer in SIGNALS.items()}
 
 NAMES = [  # folder names no tool downstream should see as they are
     '=HYPERLINK("http:x","y")',  # (a folder name holds no slash)
@@ -273,7 +316,7 @@ NAMES = [  # folder names no tool downstream should see as they are
 def _class(submitted):
     for name, (answers, _) in ATTACKS.items():
         submit(submitted, name, answers)
-    for name, answers in OPEN.items():
+    for name, answers in SIGNALS.items():
         submit(submitted, name, answers)
     submit(submitted, "solved", {})
     submit(submitted, "wrong", {TRAIN: WRONG})
@@ -330,12 +373,12 @@ def test_every_attack_scores_zero_with_its_status_and_the_rest_is_graded(graded)
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=True, reason="open (stop 34): a signal handler's frame is not audited")
-@pytest.mark.parametrize("name", OPEN)
-def test_the_holes_still_open_are_closed(graded, name):
+@pytest.mark.parametrize("name", SIGNALS)
+def test_no_signal_handler_is_handed_a_frame_of_the_job(graded, name):
     _, outcomes = graded
-    for r in _by_folder(outcomes)[name].values():
-        assert f"{REACHED:g}" not in r["message"], r["message"]
+    result = _by_folder(outcomes)[name][TRAIN_TEST]
+    assert f"{REACHED:g}" not in result["message"], result["message"]
+    assert result["status"] == "wrong" and result["points"] == 0, result
 
 
 def test_the_autograded_copy_keeps_every_test_cell_of_the_instructor(graded):
@@ -359,7 +402,7 @@ def test_links_and_unreadable_cells_are_refused_and_named(graded):
 def test_every_student_once_under_a_safe_id_and_no_cell_is_a_formula(graded):
     grading, outcomes = graded
     students = [s for s, _ in outcomes]
-    assert len(students) == len(set(students)) == len(ATTACKS) + len(OPEN) + len(NAMES) + 7
+    assert len(students) == len(set(students)) == len(ATTACKS) + len(SIGNALS) + len(NAMES) + 7
     for student in students:
         assert len(student) <= 64 and student[0] not in "-.=+@" and "\n" not in student
     for name in NAMES:

@@ -2,7 +2,9 @@
 
 import dataclasses
 import os
+import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 import forge_course
+from forge_course import ports
 from forge_course.grader.assignment import INSTALL_TAG
 from forge_course.grading import Mistake, ch11
 from forge_course.observe import ch11 as observe
@@ -383,10 +386,6 @@ def test_ddp_worker_runs_again_when_another_program_took_its_port(monkeypatch):
     """Between the moment a port is found free and the moment rank 0 binds it, another program
     can take it (CI saw it: an outgoing connection's local port). The case runs again on
     another port instead of failing a correct answer with EADDRINUSE."""
-    import socket
-
-    from forge_course import ports
-
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -403,8 +402,6 @@ def test_ddp_worker_runs_again_when_another_program_took_its_port(monkeypatch):
 
 
 def test_free_ports_come_from_below_the_ephemeral_range():
-    from forge_course import ports
-
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     chosen = {ports.free_port() for _ in range(20)}
     assert all(port in ports.QUIET and port < low for port in chosen)

@@ -448,6 +448,7 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
         spec = job.get("observer")
         if spec:
             observer = getattr(importlib.import_module(spec["module"]), spec["name"])
+        _refuse_signal_handlers()
     except BaseException as err:  # noqa: BLE001
         write_now(json.dumps({"setup_error": f"{type(err).__name__}: {err}"}) + "\n")
         return
@@ -504,6 +505,22 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
     if names:
         send({"variables": {n: to_plain(namespace.get(n)) for n in names}})
     send({"done": True})
+
+
+def _refuse_signal_handlers() -> None:
+    """From here on, no process of the job can install a signal handler (`seccomp` says why).
+    Handlers in place that are Python code go back to the default first: the answer could
+    change what such a function calls (its closure's cells) and be handed a frame that way."""
+    from forge_course.grader import seccomp
+    from forge_course.observe import common
+
+    for number in signal.valid_signals():
+        handler = signal.getsignal(number)
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.SIG_DFL)
+    common.without_signal_handlers()
+    if not seccomp.install_signal_filter() and sys.platform.startswith("linux"):
+        raise RuntimeError("the kernel refused the job's seccomp filter on signal handlers")
 
 
 def _limit_of(err: BaseException) -> dict:
