@@ -252,7 +252,7 @@ def another_thread_writing_files_elsewhere():
 
 def test_files_other_threads_write_elsewhere_are_not_the_saves():
     with another_thread_writing_files_elsewhere():
-        for save in (SPEC_SAVE, save_with_tempfile, save_in_a_folder_inside):
+        for save in (SPEC_SAVE, save_with_tempfile, save_in_a_folder_inside, save_from_memory):
             ch09.CHECKPOINT_SAVE.check(save, thorough=True)
         with pytest.raises(Mistake, match="written outside the checkpoint's folder"):
             ch09.CHECKPOINT_SAVE.check(save_with_tmp_in_the_system_folder, thorough=True)

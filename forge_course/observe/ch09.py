@@ -55,7 +55,7 @@ NOT_REACHED = "not reached"
 # What the evidence is read and made with, bound when this module is imported, before any
 # answer runs: an answer that later replaces ``os.fstat`` or ``os.chmod`` changes none of these.
 _open, _close, _dup, _fstat, _chmod = os.open, os.close, os.dup, os.fstat, os.chmod
-_stat, _read = os.stat, os.read
+_stat, _read, _sleep = os.stat, os.read, time.sleep
 
 
 def _attempt(name: str, fn, *args, case: str = ""):
@@ -216,6 +216,9 @@ class _DiskFull(RuntimeError):
     """Raised while a checkpoint is being written, as a full disk would."""
 
 
+STILL_OPEN_S = 0.05  # how long a file outside must stay open to be the failed save's own
+
+
 class _Unwritable:
     """Fails to be written; first it notes whether the save was writing outside the folder."""
 
@@ -225,17 +228,33 @@ class _Unwritable:
 
     def __reduce__(self):
         with contextlib.suppress(OSError):  # the folder changing under us: nothing to note
-            new = [(dev, ino, links) for dev, ino, links in _files_open_for_writing()
-                   if (dev, ino) not in self.open_before]  # fmt: skip
             here = {(info.st_dev, info.st_ino) for info in map(os.stat, _files_under(self.folder))}
             folder_device = self.folder.stat().st_dev
-            # In the folder (or a folder inside it), or an unnamed file on the folder's file
-            # system (an O_TMPFILE there): where a rename onto `path` is atomic.
-            inside = [(dev, ino) in here or (links == 0 and dev == folder_device)
-                      for dev, ino, links in new]  # fmt: skip
-            # Only a save writing nothing inside can be writing outside: another thread of the
-            # process (IPython's history, a logger) may open a file anywhere at any moment.
-            self.outside = bool(inside) and not any(inside)
+
+            def new_files(held=None, skip=frozenset()) -> dict:
+                return {(dev, ino): links for dev, ino, links in
+                        _files_open_for_writing(held, skip)
+                        if (dev, ino) not in self.open_before}  # fmt: skip
+
+            def inside(file, links) -> bool:
+                # In the folder (or a folder inside it), or an unnamed file on the folder's file
+                # system (an O_TMPFILE there): where a rename onto `path` is atomic.
+                return file in here or (links == 0 and file[0] == folder_device)
+
+            # Only a save writing nothing inside can be writing outside, and only what stays
+            # open while the save is held here is its own: another thread of the process
+            # (IPython's history journal, a logger) may open a file anywhere for a moment.
+            held: list[int] = []  # while held, no new file can take these files' inodes
+            new = new_files(held)
+            try:
+                if new and not any(inside(*item) for item in new.items()):
+                    _sleep(STILL_OPEN_S)
+                    still = new_files(skip=set(held))
+                    new = {file: links for file, links in new.items() if file in still}
+            finally:
+                for fd in held:
+                    _close(fd)
+            self.outside = bool(new) and not any(inside(*item) for item in new.items())
         raise _DiskFull("no space left on device (simulated)")
 
 
@@ -255,12 +274,15 @@ class _FailingScheduler:
         return {"last_epoch": 7, "broken": self.unwritable}
 
 
-def _files_open_for_writing(held: list[int] | None = None) -> set[tuple[int, int, int]]:
-    """``(device, inode, links)`` of every regular file this process has open for writing.
+def _files_open_for_writing(
+    held: list[int] | None = None, skip: frozenset | set = frozenset()
+) -> set[tuple[int, int, int]]:
+    """``(device, inode, links)`` of every regular file this process has open for writing
+    (through a descriptor not in ``skip``).
 
     Each descriptor is looked at through a copy of it: another thread may close it and open
     another file under its number meanwhile. Those copies are appended to ``held``, if given,
-    for the caller to close: while they are open, no file can take over those inodes.
+    for the caller to close: while they are open, no new file can have those inodes.
     """
     if fcntl is None:
         return set()
@@ -269,7 +291,7 @@ def _files_open_for_writing(held: list[int] | None = None) -> set[tuple[int, int
     except OSError:
         return set()
     found = set()
-    for fd in descriptors:
+    for fd in set(descriptors) - set(skip):
         try:
             copy = _dup(fd)
         except OSError:  # the descriptor of the listing itself, closed by now
