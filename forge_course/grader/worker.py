@@ -357,6 +357,31 @@ def _install_audit_hook(write_now) -> None:
     sys.addaudithook(hook)
 
 
+def _empty_garbage_after_each_collection() -> types.FunctionType:
+    """gc's DEBUG_SAVEALL makes a collection keep in ``gc.garbage`` every object it found
+    unreachable, frames included (one kept alive by a cycle through a traceback, whose
+    ``f_back`` leads to the job's own frames), with no audit event on the way. So at the end of
+    every collection a callback clears that flag and empties ``gc.garbage``. Returns whether
+    the callback is still in place, unchanged."""
+    import gc
+
+    garbage, save_all = gc.garbage, gc.DEBUG_SAVEALL
+    get_debug, set_debug = gc.get_debug, gc.set_debug
+
+    def after_collection(phase: str, info: dict) -> None:
+        if phase == "stop":
+            set_debug(get_debug() & ~save_all)
+            garbage.clear()
+
+    callbacks, cells = gc.callbacks, list(after_collection.__closure__)
+    held = [cell.cell_contents for cell in cells]
+    callbacks.append(after_collection)
+    return lambda: (
+        any(c is after_collection for c in callbacks)
+        and all(cell.cell_contents is value for cell, value in zip(cells, held))
+    )
+
+
 def _seed(seed: int) -> None:
     import numpy as np
     import torch
@@ -458,6 +483,7 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
     common.TASKS_BEFORE_ANSWER = common.last_task() if own_pid_namespace else None
     watched = snapshot()
     _install_audit_hook(write_now)
+    garbage_guarded = _empty_garbage_after_each_collection()
 
     def send(message: dict) -> None:
         if getpid() != me:  # a process the answer forked came back here: only the job speaks
@@ -473,6 +499,8 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
             write_now(evidence(["the channel to the grader: replaced by the answer"]))
             exit_now(0)
         replaced = replaced_in(watched, snapshot())
+        if not garbage_guarded():
+            replaced.append("gc.callbacks: the worker's callback that empties gc.garbage")
         if replaced:  # checked before every message: nothing is sent from a patched world
             write_now(evidence(replaced))
             exit_now(0)
