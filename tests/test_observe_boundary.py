@@ -21,7 +21,7 @@ from tests.conftest import CHAPTERS, REPO
 
 OBSERVE = REPO / "forge_course" / "observe"
 ALLOWED = ("torch", "numpy", "forge_course.observe", "forge_course.device", "forge_course.data",
-           "forge_course.doctor")  # fmt: skip
+           "forge_course.doctor", "forge_course.ports")  # fmt: skip
 
 
 def _imports(path):

@@ -62,7 +62,6 @@ PACKAGE = Path(__file__).resolve().parents[1]
 WORKER_FILES = (
     "__init__.py", "device.py", "ports.py", "data", "observe", "doctor", "sims/__init__.py",
     "sims/display.py", "grader/__init__.py", "grader/worker.py", "grader/codec.py",
-    "grader/seccomp.py",
 )  # fmt: skip
 STAGE_IN_SANDBOX = "/opt/forge"
 NOBODY = 65534

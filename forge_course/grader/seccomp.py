@@ -10,18 +10,10 @@ that outlive their processes (System V shared memory, semaphores and message que
 message queues: a worker serves one student after another, and these have no file to clear).
 Everything else is allowed: torch, DataLoader workers and gloo need none of these (POSIX
 shared memory and semaphores are files in /dev/shm, emptied after every job).
-
-A second filter (`signal_program`) is installed by each grading job itself, once its set-up is
-done and before learner code runs. A Python signal handler is called with the frame the signal
-interrupted, and from that frame `f_back` leads to the job's own (its hidden cases, its channel
-to the grader), a route no audit hook sees. So from then on no handler can be installed: an
-``rt_sigaction`` that sets one is refused (one that only reads is not), in the job and in every
-process it starts. The job's processes keep the handlers they had: none of them Python code.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import struct
@@ -84,57 +76,3 @@ def open_program() -> int | None:
     os.write(write, code)  # a few hundred bytes: far below a pipe's buffer
     os.close(write)
     return read
-
-
-# -- the job's filter: no signal handler once learner code runs -------------------------------
-
-SIGNAL_CALLS = {"x86_64": {"rt_sigaction": 13, "seccomp": 317},
-                "aarch64": {"rt_sigaction": 134, "seccomp": 277}}  # fmt: skip
-NEW_HANDLER_LOW, NEW_HANDLER_HIGH = 24, 28  # rt_sigaction's 2nd argument, in seccomp_data
-PR_SET_NO_NEW_PRIVS, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC = 38, 1, 1
-
-
-def signal_program(machine: str | None = None) -> bytes | None:
-    """The job's filter for ``machine`` (this one by default); None where it is unknown."""
-    machine = machine or platform.machine()
-    if machine not in SIGNAL_CALLS:
-        return None
-    code = [_op(LD_W_ABS, ARCH), _op(JEQ_K, AUDIT_ARCH[machine], jt=1), _op(RET_K, KILL)]
-    code.append(_op(LD_W_ABS, NR))
-    if machine == "x86_64":
-        code += [_op(JGE_K, X32_BIT, jf=1), _op(RET_K, ERRNO | EPERM)]
-    code += [
-        _op(JEQ_K, SIGNAL_CALLS[machine]["rt_sigaction"], jf=5),
-        # The new handler's address: a null pointer (64 bits of zero) only reads the old one.
-        _op(LD_W_ABS, NEW_HANDLER_LOW), _op(JEQ_K, 0, jf=2),
-        _op(LD_W_ABS, NEW_HANDLER_HIGH), _op(JEQ_K, 0, jt=1),
-        _op(RET_K, ERRNO | EPERM),
-        _op(RET_K, ALLOW),
-    ]  # fmt: skip
-    return b"".join(code)
-
-
-class _Program(ctypes.Structure):  # struct sock_fprog
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-def install_signal_filter() -> bool:
-    """Install `signal_program` on every thread of this process (and so on all it starts).
-    False where it cannot be: not Linux, an unknown machine, or a kernel without seccomp."""
-    code = signal_program()
-    if code is None or not hasattr(os, "sched_getaffinity"):  # Linux only
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return False
-    # Without privileges, a filter needs no_new_privs (bubblewrap has set it already).
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        return False
-    buffer = ctypes.create_string_buffer(code, len(code))
-    program = _Program(len(code) // 8, ctypes.addressof(buffer))
-    number = SIGNAL_CALLS[platform.machine()]["seccomp"]
-    flags = SECCOMP_FILTER_FLAG_TSYNC  # the threads torch has started already included
-    done = libc.syscall(ctypes.c_long(number), ctypes.c_long(SECCOMP_SET_MODE_FILTER),
-                        ctypes.c_long(flags), ctypes.byref(program))  # fmt: skip
-    return done == 0

@@ -357,31 +357,6 @@ def _install_audit_hook(write_now) -> None:
     sys.addaudithook(hook)
 
 
-def _empty_garbage_after_each_collection() -> types.FunctionType:
-    """gc's DEBUG_SAVEALL makes a collection keep in ``gc.garbage`` every object it found
-    unreachable, frames included (one kept alive by a cycle through a traceback, whose
-    ``f_back`` leads to the job's own frames), with no audit event on the way. So at the end of
-    every collection a callback clears that flag and empties ``gc.garbage``. Returns whether
-    the callback is still in place, unchanged."""
-    import gc
-
-    garbage, save_all = gc.garbage, gc.DEBUG_SAVEALL
-    get_debug, set_debug = gc.get_debug, gc.set_debug
-
-    def after_collection(phase: str, info: dict) -> None:
-        if phase == "stop":
-            set_debug(get_debug() & ~save_all)
-            garbage.clear()
-
-    callbacks, cells = gc.callbacks, list(after_collection.__closure__)
-    held = [cell.cell_contents for cell in cells]
-    callbacks.append(after_collection)
-    return lambda: (
-        any(c is after_collection for c in callbacks)
-        and all(cell.cell_contents is value for cell, value in zip(cells, held))
-    )
-
-
 def _seed(seed: int) -> None:
     import numpy as np
     import torch
@@ -473,7 +448,7 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
         spec = job.get("observer")
         if spec:
             observer = getattr(importlib.import_module(spec["module"]), spec["name"])
-        _refuse_signal_handlers()
+        _close_unaudited_routes_to_frames()
     except BaseException as err:  # noqa: BLE001
         write_now(json.dumps({"setup_error": f"{type(err).__name__}: {err}"}) + "\n")
         return
@@ -483,7 +458,6 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
     common.TASKS_BEFORE_ANSWER = common.last_task() if own_pid_namespace else None
     watched = snapshot()
     _install_audit_hook(write_now)
-    garbage_guarded = _empty_garbage_after_each_collection()
 
     def send(message: dict) -> None:
         if getpid() != me:  # a process the answer forked came back here: only the job speaks
@@ -499,8 +473,6 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
             write_now(evidence(["the channel to the grader: replaced by the answer"]))
             exit_now(0)
         replaced = replaced_in(watched, snapshot())
-        if not garbage_guarded():
-            replaced.append("gc.callbacks: the worker's callback that empties gc.garbage")
         if replaced:  # checked before every message: nothing is sent from a patched world
             write_now(evidence(replaced))
             exit_now(0)
@@ -535,20 +507,44 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
     send({"done": True})
 
 
-def _refuse_signal_handlers() -> None:
-    """From here on, no process of the job can install a signal handler (`seccomp` says why).
-    Handlers in place that are Python code go back to the default first: the answer could
-    change what such a function calls (its closure's cells) and be handed a frame that way."""
-    from forge_course.grader import seccomp
+def _refusing(what: str):
+    """A function that refuses, saying ``what`` it would have done; it holds nothing else."""
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"not allowed while grading: {what}")
+
+    return refuse
+
+
+def _close_unaudited_routes_to_frames() -> None:
+    """Two ways of being handed a frame raise no audit event: a Python signal handler is called
+    with the frame the signal interrupted, and gc's DEBUG_SAVEALL keeps in ``gc.garbage`` what a
+    collection found unreachable, a frame kept alive by a traceback's cycle included. From any
+    frame of the answer's own, ``f_back`` leads to the job's.
+
+    So from here on, in the job and in every process it forks, ``signal.signal`` and
+    ``gc.set_debug`` refuse, and no built-in module can be made or run afresh (a fresh ``_signal``
+    or ``gc`` would hold the real functions; every built-in module is imported first, so none
+    is missing). The handlers in place that are Python code go back to the default. Processes
+    started afresh (spawn, forkserver, a subprocess) hold nothing of the job and keep theirs;
+    handlers installed by C code (DataLoader's workers, faulthandler) call no Python code.
+    """
+    import _imp
+    import _signal
+    import gc
+
     from forge_course.observe import common
 
+    for name in sys.builtin_module_names:
+        importlib.import_module(name)
     for number in signal.valid_signals():
         handler = signal.getsignal(number)
         if callable(handler) and handler is not signal.default_int_handler:
             signal.signal(number, signal.SIG_DFL)
-    common.without_signal_handlers()
-    if not seccomp.install_signal_filter() and sys.platform.startswith("linux"):
-        raise RuntimeError("the kernel refused the job's seccomp filter on signal handlers")
+    common.without_sigchld_handler()
+    _signal.signal = signal.signal = _refusing("installs a signal handler")
+    gc.set_debug = _refusing("makes gc keep what it collects (gc.set_debug)")
+    _imp.create_builtin = _imp.exec_builtin = _refusing("makes a built-in module afresh")
 
 
 def _limit_of(err: BaseException) -> dict:

@@ -64,16 +64,13 @@ def alone(grade_id: str):
             )
 
 
-def without_signal_handlers() -> None:
-    """Let DataLoader run where no signal handler may be installed (a grading job and every
-    process it starts, `forge_course.grader.seccomp`). It installs a SIGCHLD handler in the
-    process that iterates, and handlers for faults and SIGTERM in each of its worker processes:
-    refused, either would fail it. Without them a worker that dies is still noticed, at
-    DataLoader's next check of its workers."""
+def without_sigchld_handler() -> None:
+    """Let DataLoader run where `signal.signal` refuses (a grading job and the processes it
+    forks): it installs a SIGCHLD handler in the process that iterates, once. Without it a
+    worker that dies is still noticed, at DataLoader's next check of its workers."""
     from torch.utils.data._utils import signal_handling
 
     signal_handling._SIGCHLD_handler_set = True
-    signal_handling._set_worker_signal_handlers = lambda: None
 
 
 _guard: Callable[[Callable], AbstractContextManager] = lambda fn: nullcontext()
