@@ -324,6 +324,18 @@ FRAMES = {
         "    fresh.signal(fresh.SIGUSR1, grab)\n    fresh.raise_signal(fresh.SIGUSR1)\n",
 }  # fmt: skip
 FRAMES = {name: {TRAIN: answer + CLIMB} for name, answer in FRAMES.items()}
+# Found by a red team, one answer cell each (tests/attacks/frames): code run inside the audit
+# hook through a module attribute it looked up (catch_warnings, islice), a rebound consumer of
+# traceback's walk (deque), and built-in modules made afresh from libpython's init functions.
+CELL_FRAMES = {
+    p.stem: p.read_text() for p in sorted((REPO / "tests/attacks/frames").glob("*.cell"))
+}
+FRAMES.update(
+    {
+        name: {TRAIN: cell.replace("REACHED_IF_FOUND", f"{REACHED} if _f is not None else 0.0")}
+        for name, cell in CELL_FRAMES.items()
+    }
+)
 
 NAMES = [  # folder names no tool downstream should see as they are
     '=HYPERLINK("http:x","y")',  # (a folder name holds no slash)
@@ -582,16 +594,19 @@ import matplotlib, torch, torch._dynamo
 from forge_course.grader import worker
 for chapter in range(14):
     importlib.import_module(f"forge_course.observe.ch{chapter:02d}")
-real = [_signal.signal, gc.set_debug, _imp.create_builtin, _imp.exec_builtin]
+real = [_signal.signal, gc.set_debug, _imp.create_builtin, _imp.exec_builtin, _imp.create_dynamic]
 worker._close_unaudited_routes_to_frames()
-print(*(len([r for r in gc.get_referrers(fn) if r is not real]) for fn in real))
+# Held by nothing but the generator that keeps create_dynamic (its frame cannot be read).
+print(*(len([r for r in gc.get_referrers(fn) if r is not real and type(r).__name__ != "generator"])
+        for fn in real))
+importlib.import_module("_lzma")  # an extension module not loaded before: still loads
 """
 
 
 def test_nothing_in_a_job_still_holds_the_functions_it_replaced():
-    """`signal.signal`, `gc.set_debug` and the two ways to make a built-in module afresh are
+    """`signal.signal`, `gc.set_debug` and the ways to make a built-in module afresh are
     replaced in a job by functions that refuse: no module, closure or object that torch, the
     observers or the standard library hold still refers to the real ones."""
     done = subprocess.run([sys.executable, "-c", REPLACED_ONCE_CLOSED], cwd=REPO,
                           capture_output=True, text=True, check=True)  # fmt: skip
-    assert done.stdout.split() == ["0", "0", "0", "0"], done.stdout + done.stderr
+    assert done.stdout.split() == ["0"] * 5, done.stdout + done.stderr

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import itertools
 import json
@@ -52,7 +53,6 @@ import threading
 import time
 import traceback
 import types
-import warnings
 from errno import EMFILE
 
 PR_SET_DUMPABLE = 4
@@ -197,28 +197,38 @@ if hasattr(traceback, "_walk_tb_with_full_positions"):  # Python 3.11 and later
     _WALKS.add(traceback._walk_tb_with_full_positions.__code__)
 
 
-def _handed_on_whole(walk: types.FrameType, consumer: types.FrameType) -> bool:
-    """Whether the frames that ``walk`` (a `traceback.walk_tb` generator's frame) yields go to
-    traceback's own summary and no further: ``consumer``, the code resuming it, must iterate that
-    very generator (not a ``map`` or ``filter`` around it, which would hand each frame to a
-    function of the caller's), into a summary that keeps no locals."""
-    given = consumer.f_locals.get("frame_gen")
-    if type(given) is itertools.islice:  # the summary's own `limit`: what it wraps counts
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12 and 3.13
-            try:
-                given = given.__reduce__()[1][0]
-            except TypeError:  # Python 3.14 pickles no islice: refuse rather than guess
-                return False
-    if type(given) is not types.GeneratorType or given.gi_frame is not walk:
-        return False
-    summary = consumer if consumer.f_code is _EXTRACTS.__code__ else consumer.f_back
-    return (
-        summary is not None
-        and summary.f_code is _EXTRACTS.__code__
-        and summary.f_globals is _EXTRACTS.__globals__
-        and summary.f_locals.get("capture_locals") is False
-    )
+# The hook and everything it calls are closures over what they use, bound when it is installed:
+# a builtin, a module's attribute or a global of this module rebound by learner code (``type``,
+# ``itertools.islice``, ``worker._EXTRACTS``) would otherwise run the learner's code inside the
+# hook, where the thread's own frame lookups go unchecked, or bend its verdict.
+
+
+def _handed_on_whole_check():
+    """``handed_on_whole(walk, consumer)``: whether the frames that ``walk`` (a `traceback`
+    walk generator's frame) yields go to traceback's own summary and no further: ``consumer``,
+    the code resuming it, must iterate that very generator (not a ``map`` or ``filter`` around
+    it, which would hand each frame to a function of the caller's), into a summary that keeps
+    no locals."""
+    type_of, length, generator, islice = type, len, types.GeneratorType, itertools.islice
+    referents = gc.get_referents  # its audit event comes while the hook is looking: let through
+    extracts_code, extracts_globals = _EXTRACTS.__code__, _EXTRACTS.__globals__
+
+    def handed_on_whole(walk: types.FrameType, consumer: types.FrameType) -> bool:
+        given = consumer.f_locals.get("frame_gen")
+        if type_of(given) is islice:  # the summary's own `limit`: what it wraps counts
+            inner = [r for r in referents(given) if type_of(r) is generator]
+            given = inner[0] if length(inner) == 1 else None
+        if type_of(given) is not generator or given.gi_frame is not walk:
+            return False
+        summary = consumer if consumer.f_code is extracts_code else consumer.f_back
+        return (
+            summary is not None
+            and summary.f_code is extracts_code
+            and summary.f_globals is extracts_globals
+            and summary.f_locals.get("capture_locals") is False
+        )
+
+    return handed_on_whole
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -230,37 +240,58 @@ def _names(code: types.CodeType) -> set[str]:
     return names
 
 
-class _Untouched:
-    """What the frame readers rely on, as it was when grading began, to compare by identity:
-    the globals each reader's (and caller's) code uses, in its own module, and the whole of
-    `traceback`, `linecache` and their summaries, to which a reader may hand the frame it took
+def _untouched_check(codes: dict[types.CodeType, dict]):
+    """``untouched(code, home)``: whether what a frame reader relies on is as it was when
+    grading began, compared by identity: the globals ``code`` (a reader's or its caller's) uses
+    in its own module ``home``, the callables it reads on the modules among them
+    (``collections.deque`` is handed traceback's frames), and the whole of `traceback`,
+    `linecache` and their summaries, to which a reader may hand the frame it took
     (`Logger.findCaller` to `traceback.print_stack`). A learner's rebinding of any of them
-    (``logging._is_internal_frame = grab``) would receive the frames."""
+    (``logging._is_internal_frame = grab``) would receive the frames. Each dict is walked once
+    rather than searched: a key planted in it could run code when compared."""
+    import linecache
 
-    def __init__(self, codes: dict[types.CodeType, dict]):
-        import linecache
+    type_of, length, str_type, missing = type, len, str, object()
 
-        self.uses = {}
-        for code, home in codes.items():
-            names = _names(code)
-            self.uses[code] = (
-                {n: home[n] for n in names if n in home},
-                frozenset(n for n in names if n not in home),  # builtins: none may shadow them
-            )
-        whole = [traceback.__dict__, linecache.__dict__, vars(traceback.StackSummary),
-                 vars(traceback.FrameSummary)]  # fmt: skip
-        self.whole = [(d, dict(d)) for d in whole]
+    def holds(entries, expected: dict, absent=frozenset()) -> bool:
+        found = 0
+        for key, value in entries.items():
+            if type_of(key) is not str_type or key in absent:
+                return False
+            want = expected.get(key, missing)
+            if want is not missing:
+                if want is not value:
+                    return False
+                found += 1
+        return found == length(expected)
 
-    def __call__(self, code: types.CodeType, home: dict) -> bool:
-        used, absent = self.uses[code]
-        if any(n not in home or home[n] is not v for n, v in used.items()):
+    uses = {}
+    for code, home in codes.items():
+        names = _names(code)
+        used = {n: home[n] for n in names if n in home}
+        modules = [
+            (vars(m), {a: v for a, v in vars(m).items() if a in names and callable(v)})
+            for m in used.values()
+            if isinstance(m, types.ModuleType)
+        ]
+        uses[code] = (used, frozenset(names - used.keys()), modules)  # builtins: none shadowed
+    whole = [traceback.__dict__, linecache.__dict__, vars(traceback.StackSummary),
+             vars(traceback.FrameSummary)]  # fmt: skip
+    whole = [(d, dict(d)) for d in whole]
+
+    def untouched(code: types.CodeType, home: dict) -> bool:
+        used, absent, modules = uses[code]
+        if not holds(home, used, absent):
             return False
-        if any(n in home for n in absent):
-            return False
-        return all(
-            len(now) == len(then) and all(k in now and now[k] is v for k, v in then.items())
-            for now, then in self.whole
-        )
+        for entries, expected in modules:
+            if not holds(entries, expected):
+                return False
+        for now, then in whole:  # noqa: SIM110  (``all`` is a builtin: learner code may rebind it)
+            if length(now) != length(then) or not holds(now, then):
+                return False
+        return True
+
+    return untouched
 
 
 def _frame_readers() -> dict:
@@ -308,29 +339,30 @@ def _install_audit_hook(write_now) -> None:
     learner code, the hook is not.
     """
     refused, readers, evidence = dict(REFUSED_EVENTS), _frame_readers(), _evidence
-    walks, handed_on_whole = frozenset(_WALKS), _handed_on_whole
+    walks, handed_on_whole = frozenset(_WALKS), _handed_on_whole_check()
     codes = {code: home for code, (home, _) in readers.items()}
     for _, callers in readers.values():
         codes.update(callers or {})
-    untouched = _Untouched(codes)
+    untouched = _untouched_check(codes)
     frame_of, thread_id, missing = sys._getframe, threading.get_ident, object()
-    looking: set[int] = set()  # threads in the hook's own frame lookup (which raises an event)
+    frame_attributes = FRAME_ATTRIBUTES
+    looking: set[int] = set()  # threads in the hook's own lookups (which raise events)
 
     def refuse(event: str, why: str) -> None:
         write_now(evidence([f"{event}: {why}"]))
         raise RuntimeError(f"not allowed while grading: {why} ({event})")
 
-    def takes_a_frame(event: str, args: tuple) -> bool:
-        return event == "sys._getframe" or (
-            event == "object.__getattr__" and args[1] in FRAME_ATTRIBUTES
-        )
-
     def hook(event: str, args: tuple) -> None:
+        if thread_id() in looking:  # the hook's own frame and referent lookups
+            return
         if event in refused:
             refuse(event, refused[event])
         if event == "object.__setattr__" and args[1] == "__code__":
             refuse(event, "replaces a function's code")
-        if not takes_a_frame(event, args) or thread_id() in looking:
+        takes_a_frame = event == "sys._getframe" or (
+            event == "object.__getattr__" and args[1] in frame_attributes
+        )
+        if not takes_a_frame:
             return
         looking.add(thread_id())
         try:
@@ -516,6 +548,48 @@ def _refusing(what: str):
     return refuse
 
 
+# Extension modules no answer needs and that hand out the interpreter's internals.
+_TEST_EXTENSIONS = frozenset({
+    "_testcapi", "_testinternalcapi", "_testmultiphase", "_testsinglephase", "_testbuffer",
+    "_testimportmultiple", "_testclinic", "_ctypes_test", "_xxsubinterpreters",
+    "_xxinterpchannels", "_interpreters", "_interpchannels", "_interpqueues", "_xxtestfuzz",
+})  # fmt: skip
+
+
+def _loads_no_builtin_afresh(create_dynamic):
+    """``_imp.create_dynamic``, for every extension module but a built-in one (its init
+    function lies in libpython, which any file path to it reaches) or a test module of
+    CPython's. The real function lives only in a suspended generator's frame, which learner
+    code cannot read, and the checks run there on values read once from the spec."""
+
+    def keeper(real, refused, make, type_of=type, str_type=str, base=BaseException):
+        outcome = None
+        while True:
+            spec, file = yield outcome
+            try:
+                name, origin = spec.name, spec.origin
+                if type_of(name) is not str_type or type_of(origin) is not str_type:
+                    raise ImportError("a module spec's name and origin are strings")
+                if name.rpartition(".")[2] in refused:
+                    raise RuntimeError(f"not allowed while grading: loads {name} afresh")
+                fresh = make(name=name, origin=origin)
+                outcome = (True, real(fresh) if file is None else real(fresh, file))
+            except base as err:  # noqa: BLE001  (handed back to the caller as it was)
+                outcome = (False, err)
+
+    refused = frozenset(sys.builtin_module_names) | _TEST_EXTENSIONS
+    gate = keeper(create_dynamic, refused, types.SimpleNamespace)
+    next(gate)
+
+    def load(spec, file=None):
+        done, result = gate.send((spec, file))
+        if not done:
+            raise result
+        return result
+
+    return load
+
+
 def _close_unaudited_routes_to_frames() -> None:
     """Two ways of being handed a frame raise no audit event: a Python signal handler is called
     with the frame the signal interrupted, and gc's DEBUG_SAVEALL keeps in ``gc.garbage`` what a
@@ -525,13 +599,14 @@ def _close_unaudited_routes_to_frames() -> None:
     So from here on, in the job and in every process it forks, ``signal.signal`` and
     ``gc.set_debug`` refuse, and no built-in module can be made or run afresh (a fresh ``_signal``
     or ``gc`` would hold the real functions; every built-in module is imported first, so none
-    is missing). The handlers in place that are Python code go back to the default. Processes
-    started afresh (spawn, forkserver, a subprocess) hold nothing of the job and keep theirs;
-    handlers installed by C code (DataLoader's workers, faulthandler) call no Python code.
+    is missing; an extension module may not be one of them, loaded from libpython, nor one
+    of CPython's test modules). The handlers in place that are Python code go back to the
+    default. Processes started afresh (spawn, forkserver, a subprocess) hold nothing of the
+    job and keep theirs; handlers installed by C code (DataLoader's workers, faulthandler)
+    call no Python code.
     """
     import _imp
     import _signal
-    import gc
 
     from forge_course.observe import common
 
@@ -545,6 +620,7 @@ def _close_unaudited_routes_to_frames() -> None:
     _signal.signal = signal.signal = _refusing("installs a signal handler")
     gc.set_debug = _refusing("makes gc keep what it collects (gc.set_debug)")
     _imp.create_builtin = _imp.exec_builtin = _refusing("makes a built-in module afresh")
+    _imp.create_dynamic = _loads_no_builtin_afresh(_imp.create_dynamic)
 
 
 def _limit_of(err: BaseException) -> dict:
