@@ -245,6 +245,8 @@ ATTACKS = {
 }  # fmt: skip
 
 # Holes found and still open, each answer returning REACHED where it got what it should not.
+# A signal handler is given the frame it interrupted, with no audit event, and from there
+# `f_back` leads to the job's own variables (its hidden cases, the observer, the channel).
 REACHED = 424242.0
 # From any frame of the answer's own, `f_back` leads to the job's (its cases, its channel). Each
 # answer below tries one way to get hold of a frame with no audit event on the way (a signal
