@@ -324,10 +324,9 @@ FRAMES = {
         "    fresh.signal(fresh.SIGUSR1, grab)\n    fresh.raise_signal(fresh.SIGUSR1)\n",
 }  # fmt: skip
 FRAMES = {name: {TRAIN: answer + CLIMB} for name, answer in FRAMES.items()}
-# Found by red teams, one answer cell each (tests/attacks/frames): code run inside the audit
+# Found by a red team, one answer cell each (tests/attacks/frames): code run inside the audit
 # hook through a module attribute it looked up (catch_warnings, islice), a rebound consumer of
-# traceback's walk (deque), built-in modules made afresh from libpython's init functions, and
-# C iterators that take a frame while a trusted reader (namedtuple, enum) consumes them.
+# traceback's walk (deque), and built-in modules made afresh from libpython's init functions.
 CELL_FRAMES = {
     p.stem: p.read_text() for p in sorted((REPO / "tests/attacks/frames").glob("*.cell"))
 }
