@@ -14,6 +14,7 @@ import socket
 
 QUIET = range(20000, 32768)  # below every ephemeral range in use; above the registered few
 _TRIES = 50
+_CHOOSE = random.SystemRandom()  # the caller's seeded `random` is left as it was
 
 
 def _bindable(port: int) -> bool:
@@ -28,7 +29,7 @@ def _bindable(port: int) -> bool:
 def free_port() -> int:
     """A port on 127.0.0.1 that nobody holds now, outside the ephemeral range where one is
     found (else one the kernel picks)."""
-    for port in random.sample(QUIET, _TRIES):
+    for port in _CHOOSE.sample(QUIET, _TRIES):
         if _bindable(port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:

@@ -405,3 +405,13 @@ def test_free_ports_come_from_below_the_ephemeral_range():
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     chosen = {ports.free_port() for _ in range(20)}
     assert all(port in ports.QUIET and port < low for port in chosen)
+
+
+def test_a_free_port_draws_nothing_from_the_callers_generators():
+    import random
+
+    random.seed(3)
+    expected = random.random()
+    random.seed(3)
+    ports.free_port()
+    assert random.random() == expected
