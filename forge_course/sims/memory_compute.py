@@ -161,9 +161,12 @@ class SegmentsPicture:
         TightLayoutEngine().execute(fig)
 
     def moving_artists(self) -> list:
-        """What `update` changes; everything else stays as first drawn."""
-        return [self.mem_ring, self.legend, self.ax_mem.title, self.time_ring,
-                self.ax_time.title]  # fmt: skip
+        """What `update` changes, and what a full draw puts over it (a ring on a data point at
+        the edge crosses the spine; a legend may cover a ring), in a full draw's order: the
+        rest stays as first drawn."""
+        rings = ((self.ax_mem, self.mem_ring), (self.ax_time, self.time_ring))
+        return [artist for ax, ring in rings
+                for artist in (ring, *ax.spines.values(), ax.title, ax.get_legend())]  # fmt: skip
 
     def _titles(self, chosen: Measurement) -> None:
         plain, k = self.plain, chosen.segments
