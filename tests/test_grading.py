@@ -164,3 +164,61 @@ def test_a_check_that_cannot_compare_what_came_back_ends_in_a_message():
     exercise = _exercise(lambda fn, case: {"value": Strange()})
     with pytest.raises(Mistake, match="could not compare what your answer produced"):
         exercise.check(lambda: None)
+
+
+def test_a_judge_in_one_thread_draws_nothing_from_an_observation_in_another():
+    """The grader judges submissions in threads. A judge that seeds and draws from torch's
+    generator (the arena trains) must not reach a reference observed meanwhile, whose numbers
+    (dropout's masks) come from that generator too: `judged` holds the clean room."""
+    import threading
+    import time
+
+    from forge_course.grading.core import Exercise, clean_room
+
+    class Seeding(Exercise):
+        def judge(self, case, got):
+            started.set()
+            until = time.monotonic() + 0.3
+            while time.monotonic() < until:
+                torch.manual_seed(1)
+                torch.rand(8)
+
+    def draws(_):
+        return torch.rand(4)
+
+    def observe(fn, case):
+        time.sleep(0.05)  # long enough for the other thread to reseed in between
+        first = fn(case)
+        time.sleep(0.05)
+        return {"draws": torch.cat([first, fn(case)])}
+
+    exercise = Seeding(grade_id="seeding", function="draws", reference=draws,
+                       cases=lambda thorough: [{"n": 1}], observe=observe)  # fmt: skip
+    with clean_room():
+        alone = observe(draws, {"n": 1})
+    started = threading.Event()
+    judging = threading.Thread(target=exercise.judged, args=({"n": 1}, None))
+    judging.start()
+    started.wait()
+    try:
+        beside = exercise.expected({"n": 1})
+    finally:
+        judging.join()
+    assert first_difference(beside, alone) is None
+
+
+def test_nothing_but_judged_calls_a_judge():
+    """`judged` is the only way in: a new caller of `judge` would judge outside the clean room."""
+    import re
+    from pathlib import Path
+
+    import forge_course
+
+    root = Path(forge_course.__file__).parent
+    callers = {
+        str(path.relative_to(root)): re.findall(r"\.judge\(", path.read_text(encoding="utf-8"))
+        for path in root.rglob("*.py")
+    }
+    assert {path: calls for path, calls in callers.items() if calls} == {
+        "grading/core.py": [".judge("]
+    }

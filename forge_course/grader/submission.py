@@ -240,7 +240,7 @@ class _Job:
         except ValueError as err:
             return self.result("wrong", f"What your code returned is unreadable: {err}")
         try:
-            self.exercise.judge(case, observed)
+            self.exercise.judged(case, observed)
         except Tampered as tampered:
             return self.result("tampered", str(tampered))
         except Mistake as mistake:

@@ -519,7 +519,7 @@ class ArenaExercise(Exercise):
     def check(self, fn, thorough: bool = False) -> list[arena.ArenaResult]:
         """Judge the config on every case's seed; the arena results, one per seed."""
         thorough = thorough or thorough_requested()
-        return [self.judge(case, self.observe(fn, case)) for case in self.cases(thorough)]
+        return [self.judged(case, self.observe(fn, case)) for case in self.cases(thorough)]
 
 
 ARENA_CONFIG = ArenaExercise(

@@ -450,6 +450,15 @@ class Exercise:
         ``prepare`` that accepts a second correct answer compares with it)."""
         return self._observed(f"reference, {variant}", reference, case)
 
+    def judged(self, case: dict, got: Observation) -> Any:
+        """`judge` in the clean room, as every caller runs it: a judge may run torch code (the
+        arena's training, a ``prepare``) that seeds and draws from torch's process-wide
+        generators, and the grader judges submissions in threads, beside another thread's
+        observation of a reference or a known mistake, which would draw from them too."""
+        __tracebackhide__ = True
+        with clean_room():
+            return self.judge(case, got)
+
     def judge(self, case: dict, got: Observation) -> None:
         """Raise a `Mistake` unless ``got``, observed on ``case``, matches the reference."""
         __tracebackhide__ = True  # IPython and pytest show the learner's frames, not ours
@@ -525,7 +534,7 @@ class Exercise:
                 raise Mistake(self.grade_id, explained) from err.__cause__
             except Exception as err:  # noqa: BLE001  (a check ends in a message, never a crash)
                 raise Mistake(self.grade_id, _crashed(err, self.label(case), before)) from err
-            self.judge(case, observed)
+            self.judged(case, observed)
 
 
 def check_choice(
