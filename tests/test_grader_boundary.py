@@ -245,8 +245,6 @@ ATTACKS = {
 }  # fmt: skip
 
 # Holes found and still open, each answer returning REACHED where it got what it should not.
-# A signal handler is given the frame it interrupted, with no audit event, and from there
-# `f_back` leads to the job's own variables (its hidden cases, the observer, the channel).
 REACHED = 424242.0
 # From any frame of the answer's own, `f_back` leads to the job's (its cases, its channel). Each
 # answer below tries one way to get hold of a frame with no audit event on the way (a signal
@@ -324,9 +322,10 @@ FRAMES = {
         "    fresh.signal(fresh.SIGUSR1, grab)\n    fresh.raise_signal(fresh.SIGUSR1)\n",
 }  # fmt: skip
 FRAMES = {name: {TRAIN: answer + CLIMB} for name, answer in FRAMES.items()}
-# Found by a red team, one answer cell each (tests/attacks/frames): code run inside the audit
+# Found by red teams, one answer cell each (tests/attacks/frames): code run inside the audit
 # hook through a module attribute it looked up (catch_warnings, islice), a rebound consumer of
-# traceback's walk (deque), and built-in modules made afresh from libpython's init functions.
+# traceback's walk (deque), built-in modules made afresh from libpython's init functions, and
+# C iterators that take a frame while a trusted reader (namedtuple, enum) consumes them.
 CELL_FRAMES = {
     p.stem: p.read_text() for p in sorted((REPO / "tests/attacks/frames").glob("*.cell"))
 }

@@ -12,6 +12,7 @@ import csv
 import pytest
 
 from forge_course.grader import run
+from forge_course.grading.core import _EXPECTED
 from tests.conftest import CHAPTERS
 from tests.helpers.classes import build_class
 from tests.test_autograde import _answers
@@ -44,6 +45,9 @@ def test_the_same_class_gets_the_same_grades_with_any_number_of_jobs_in_any_orde
     renamed = {f"{i}_{name}": name for i, name in enumerate(reversed(STUDENTS))}
     for new, old in renamed.items():
         (tmp_path / "submitted" / old).rename(tmp_path / "submitted" / new)
+    # Nothing the first run observed is reused: the four jobs observe every reference and known
+    # mistake afresh, beside each other's judges.
+    _EXPECTED.clear()
     four = _grade(tmp_path / "submitted", tmp_path / "jobs4", 4)
     assert {(renamed[student], chapter): r for (student, chapter), r in four.items()} == one
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dis
 import gc
 import importlib
 import itertools
@@ -240,6 +241,23 @@ def _names(code: types.CodeType) -> set[str]:
     return names
 
 
+def _where_it_takes_frames(code: types.CodeType) -> frozenset[int]:
+    """The offsets of ``code``'s own instructions that take a frame: a frame attribute read
+    (``tb.tb_frame``), or a call of ``_getframe``, from the attribute's load to the call. An
+    event at any other instruction comes from C code the reader was given by its caller and
+    is running (``map(sys._getframe, [0])`` as a namedtuple's field names)."""
+    loads, calls = ("LOAD_ATTR", "LOAD_METHOD"), ("CALL", "CALL_FUNCTION", "CALL_METHOD")
+    offsets, calling = set(), False
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in loads and instruction.argval in FRAME_ATTRIBUTES:
+            offsets.add(instruction.offset)
+        calling = calling or (instruction.opname in loads and instruction.argval == "_getframe")
+        if calling:
+            offsets.add(instruction.offset)
+            calling = instruction.opname not in calls
+    return frozenset(offsets)
+
+
 def _untouched_check(codes: dict[types.CodeType, dict]):
     """``untouched(code, home)``: whether what a frame reader relies on is as it was when
     grading began, compared by identity: the globals ``code`` (a reader's or its caller's) uses
@@ -346,6 +364,7 @@ def _install_audit_hook(write_now) -> None:
     untouched = _untouched_check(codes)
     frame_of, thread_id, missing = sys._getframe, threading.get_ident, object()
     frame_attributes = FRAME_ATTRIBUTES
+    takes_frames_at = {code: _where_it_takes_frames(code) for code in readers}
     looking: set[int] = set()  # threads in the hook's own lookups (which raise events)
 
     def refuse(event: str, why: str) -> None:
@@ -372,6 +391,7 @@ def _install_audit_hook(write_now) -> None:
             allowed = (
                 callers is not missing
                 and reader.f_globals is home
+                and reader.f_lasti in takes_frames_at[reader.f_code]
                 and untouched(reader.f_code, home)
             )
             if allowed and callers is not None:
