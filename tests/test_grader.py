@@ -319,6 +319,28 @@ def test_a_worker_that_ended_between_submissions_is_replaced_not_blamed():
     assert {"variables": {"x": 2}} in outcome.messages
 
 
+@pytest.mark.parametrize(
+    "answer,raised",
+    [("raise ValueError('before the def')\ndef training_arithmetic(*a): pass", "ValueError"),
+     ("def arithmetic(*a): pass", None)],
+    ids=["raised first", "misnamed"],
+)  # fmt: skip
+def test_an_answer_cell_that_defines_nothing_is_told_so(answer, raised):
+    """Not "should be a function, but it is NoneType": the name was never defined."""
+    from forge_course.grading import ch00
+
+    exercise = ch00.EXERCISES[0]
+    job = {"prelude": "", "answer": answer, "observer": exercise.observer,
+           "function": exercise.function, "cases": exercise.cases(False)}  # fmt: skip
+    with sandbox.Session(LIMITS) as box:
+        outcome = box.run(job)
+    assert outcome.status == "finished", outcome
+    told = "`training_arithmetic` is not defined: your answer cell never defined it."
+    assert {"case": 0, "mistake": told} in outcome.messages
+    errors = [m["error"].split(":")[0] for m in outcome.messages if "error" in m]
+    assert errors == ([raised] if raised else [])
+
+
 FLOOD = (  # 256 MB without a newline, to stdout, stderr or every pipe the job holds (its channel)
     "import os\nchunk = b'x' * (1 << 20)\n"
     "def pipes_held_once():  # a CUDA driver's own pipes hold both of their ends: not those\n"

@@ -542,8 +542,11 @@ def _run_job(job: dict, write_fd: int, own_pid_namespace: bool, tasks_cap: int) 
     else:
         send({"ran": True})
 
-    if observer is not None:
-        fn = namespace.get(job["function"])
+    name = job.get("function")
+    if observer is not None and name not in namespace:  # the cell raised before it, or misnamed it
+        send({"case": 0, "mistake": f"`{name}` is not defined: your answer cell never defined it."})
+    elif observer is not None:
+        fn = namespace[name]
         for i, case in enumerate(job["cases"]):
             try:
                 send({"case": i, "observation": to_plain(observer(fn, case))})
