@@ -324,8 +324,9 @@ FRAMES = {
 FRAMES = {name: {TRAIN: answer + CLIMB} for name, answer in FRAMES.items()}
 # Found by red teams, one answer cell each (tests/attacks/frames): code run inside the audit
 # hook through a module attribute it looked up (catch_warnings, islice), a rebound consumer of
-# traceback's walk (deque), built-in modules made afresh from libpython's init functions, and
-# C iterators that take a frame while a trusted reader (namedtuple, enum) consumes them.
+# traceback's walk (deque), built-in modules made afresh from libpython's init functions, C
+# iterators that take a frame while a trusted reader (namedtuple, enum) consumes them, and
+# torch's frame evaluation hook (every new frame's locals and closure, the audit hook's too).
 CELL_FRAMES = {
     p.stem: p.read_text() for p in sorted((REPO / "tests/attacks/frames").glob("*.cell"))
 }
@@ -593,19 +594,29 @@ import matplotlib, torch, torch._dynamo
 from forge_course.grader import worker
 for chapter in range(14):
     importlib.import_module(f"forge_course.observe.ch{chapter:02d}")
-real = [_signal.signal, gc.set_debug, _imp.create_builtin, _imp.exec_builtin, _imp.create_dynamic]
+real = [_signal.signal, gc.set_debug, _imp.create_builtin, _imp.exec_builtin, _imp.create_dynamic,
+        torch._C._dynamo.eval_frame.set_eval_frame]
 worker._close_unaudited_routes_to_frames()
-# Held by nothing but the generator that keeps create_dynamic (its frame cannot be read).
+# Held by nothing but the generators that keep create_dynamic and set_eval_frame (their frames
+# cannot be read).
 print(*(len([r for r in gc.get_referrers(fn) if r is not real and type(r).__name__ != "generator"])
         for fn in real))
 importlib.import_module("_lzma")  # an extension module not loaded before: still loads
+model = torch.nn.Linear(2, 2)  # an optimizer's step turns torch's frame hook off and back: it runs
+model(torch.ones(1, 2)).sum().backward()
+torch.optim.AdamW(model.parameters()).step()
+try:
+    torch.compile(lambda x: x + 1)(torch.ones(1))
+except RuntimeError as refused:
+    print("compile:", "frame evaluation hook" in str(refused))
 """
 
 
 def test_nothing_in_a_job_still_holds_the_functions_it_replaced():
-    """`signal.signal`, `gc.set_debug` and the ways to make a built-in module afresh are
-    replaced in a job by functions that refuse: no module, closure or object that torch, the
-    observers or the standard library hold still refers to the real ones."""
+    """`signal.signal`, `gc.set_debug`, the ways to make a built-in module afresh and torch's
+    frame evaluation hook are replaced in a job by functions that refuse: no module, closure
+    or object that torch, the observers or the standard library hold still refers to the real
+    ones."""
     done = subprocess.run([sys.executable, "-c", REPLACED_ONCE_CLOSED], cwd=REPO,
                           capture_output=True, text=True, check=True)  # fmt: skip
-    assert done.stdout.split() == ["0"] * 5, done.stdout + done.stderr
+    assert done.stdout.split() == ["0"] * 6 + ["compile:", "True"], done.stdout + done.stderr

@@ -613,6 +613,47 @@ def _loads_no_builtin_afresh(create_dynamic):
     return load
 
 
+def _frame_hook_only_off(set_eval_frame):
+    """torch's ``set_eval_frame`` (PEP 523: the callback it is given is called at the start of
+    every frame of the thread, the audit hook's own included, with its locals and closure, and
+    no audit event is raised), for turning the hook off only: ``None`` or ``False``, as torch's
+    own code does around an optimizer's step (``torch._dynamo.disable``). Any other object is
+    refused (one not callable yet could be made so later), so ``torch.compile`` does not run in
+    a job. The real function lives only in a suspended generator's frame."""
+
+    def keeper(real, base=BaseException):
+        outcome = None
+        while True:
+            callback = yield outcome
+            try:
+                if callback is not None and callback is not False:
+                    raise RuntimeError(
+                        "not allowed while grading: torch's frame evaluation hook (torch.compile)"
+                    )
+                outcome = (True, real(callback))
+            except base as err:  # noqa: BLE001  (handed back to the caller as it was)
+                outcome = (False, err)
+
+    gate = keeper(set_eval_frame)
+    next(gate)
+
+    def only_off(callback):
+        done, result = gate.send(callback)
+        if not done:
+            raise result
+        return result
+
+    return only_off
+
+
+def _replace_everywhere(real, stand_in) -> None:
+    """Put ``stand_in`` wherever a module or a class holds ``real``."""
+    for holder in gc.get_referrers(real):
+        if type(holder) is dict:
+            for key in [key for key, value in holder.items() if value is real]:
+                holder[key] = stand_in
+
+
 def _close_unaudited_routes_to_frames() -> None:
     """Two ways of being handed a frame raise no audit event: a Python signal handler is called
     with the frame the signal interrupted, and gc's DEBUG_SAVEALL keeps in ``gc.garbage`` what a
@@ -626,10 +667,13 @@ def _close_unaudited_routes_to_frames() -> None:
     of CPython's test modules). The handlers in place that are Python code go back to the
     default. Processes started afresh (spawn, forkserver, a subprocess) hold nothing of the
     job and keep theirs; handlers installed by C code (DataLoader's workers, faulthandler)
-    call no Python code.
+    call no Python code. A third: torch's frame evaluation hook, which hands a callback every
+    new frame's locals and closure; it may only be turned off (`_frame_hook_only_off`).
     """
     import _imp
     import _signal
+
+    import torch
 
     from forge_course.observe import common
 
@@ -644,6 +688,8 @@ def _close_unaudited_routes_to_frames() -> None:
     gc.set_debug = _refusing("makes gc keep what it collects (gc.set_debug)")
     _imp.create_builtin = _imp.exec_builtin = _refusing("makes a built-in module afresh")
     _imp.create_dynamic = _loads_no_builtin_afresh(_imp.create_dynamic)
+    frame_hook = torch._C._dynamo.eval_frame.set_eval_frame
+    _replace_everywhere(frame_hook, _frame_hook_only_off(frame_hook))
 
 
 def _limit_of(err: BaseException) -> dict:
