@@ -326,7 +326,8 @@ FRAMES = {name: {TRAIN: answer + CLIMB} for name, answer in FRAMES.items()}
 # hook through a module attribute it looked up (catch_warnings, islice), a rebound consumer of
 # traceback's walk (deque), built-in modules made afresh from libpython's init functions, C
 # iterators that take a frame while a trusted reader (namedtuple, enum) consumes them, and
-# torch's frame evaluation hook (every new frame's locals and closure, the audit hook's too).
+# torch's frame evaluation hook (every new frame's locals and closure, the audit hook's too;
+# its "run only" mode hands them to the guards of entries loaded for a code object).
 CELL_FRAMES = {
     p.stem: p.read_text() for p in sorted((REPO / "tests/attacks/frames").glob("*.cell"))
 }

@@ -616,17 +616,19 @@ def _loads_no_builtin_afresh(create_dynamic):
 def _frame_hook_only_off(set_eval_frame):
     """torch's ``set_eval_frame`` (PEP 523: the callback it is given is called at the start of
     every frame of the thread, the audit hook's own included, with its locals and closure, and
-    no audit event is raised), for turning the hook off only: ``None`` or ``False``, as torch's
-    own code does around an optimizer's step (``torch._dynamo.disable``). Any other object is
-    refused (one not callable yet could be made so later), so ``torch.compile`` does not run in
-    a job. The real function lives only in a suspended generator's frame."""
+    no audit event is raised), for turning the hook off only: ``None``, as torch's own code
+    does around an optimizer's step (``torch._dynamo.disable``). Anything else is refused: an
+    object not callable yet could be made so later, and ``False`` ("run only") runs the
+    entries loaded for a code object (``_load_precompile_entry``), whose guards are handed the
+    frame's locals and whose code runs in place of the function's own. So ``torch.compile``
+    does not run in a job. The real function lives only in a suspended generator's frame."""
 
     def keeper(real, base=BaseException):
         outcome = None
         while True:
             callback = yield outcome
             try:
-                if callback is not None and callback is not False:
+                if callback is not None:
                     raise RuntimeError(
                         "not allowed while grading: torch's frame evaluation hook (torch.compile)"
                     )
