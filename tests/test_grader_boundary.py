@@ -243,6 +243,16 @@ ATTACKS = {
         "raise ValueError('\\ud800' * 10 + '=1+1' * 10**6)")},
         {TRAIN_TEST: "wrong"}),
 }  # fmt: skip
+# Found by a red team, one answer cell each (tests/attacks/settings): wrong steps that hide
+# what they left changed from the check, with a method set on the model object, state the
+# check did not note (hooks for every module, saved-tensor hooks, warn-always), or a torch
+# function mode left pushed that tidies up at the check's first tensor operation.
+ATTACKS.update(
+    {
+        p.stem: ({TRAIN: p.read_text()}, {TRAIN_TEST: "wrong"})
+        for p in sorted((REPO / "tests/attacks/settings").glob("*.cell"))
+    }
+)
 
 # Holes found and still open, each answer returning REACHED where it got what it should not.
 REACHED = 424242.0

@@ -19,6 +19,38 @@ from forge_course.observe.generator import generator_change, generator_state
 GENERATOR = "torch's global generator"
 
 
+#: The hooks `torch.nn.modules.module.register_module_*_hook` add for every module at once.
+_GLOBAL_MODULE_HOOKS = tuple(
+    vars(torch.nn.modules.module)[name]
+    for name in ("_global_forward_pre_hooks", "_global_forward_hooks",
+                 "_global_backward_pre_hooks", "_global_backward_hooks")
+    if name in vars(torch.nn.modules.module)
+)  # fmt: skip
+
+
+def _pair(hooks) -> str:
+    """The saved-tensor hooks in force, in words (each pair told apart by where it lives)."""
+    if hooks is None:
+        return "none"
+    return " and ".join(
+        f"{getattr(h, '__qualname__', type(h).__name__)} at {id(h):#x}" for h in hooks
+    )
+
+
+def _modules_of(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """``model.named_modules()``, walked through each module's own ``_modules`` dict."""
+    found, seen, todo = [], set(), [("", model)]
+    while todo:
+        name, module = todo.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        found.append((name, module))
+        children = vars(module).get("_modules", {}).items()
+        todo += reversed([(f"{name}.{k}" if name else k, m) for k, m in children if m is not None])
+    return found
+
+
 class Settings:
     """What a call could leave changed beyond its result, noted before it, compared after it.
 
@@ -42,32 +74,41 @@ class Settings:
         self.before = self._now()
 
     def _now(self) -> dict[str, object]:
+        # Process-wide first, by C calls only: a torch function mode the call left on the stack
+        # is handed every tensor operation that follows, and could tidy up before it is counted.
         now: dict[str, object] = {
+            "torch function modes": torch._C._len_torch_function_stack(),
+            "dispatch modes": torch._C._len_torch_dispatch_stack(),
             "grad mode": "on" if torch.is_grad_enabled() else "off",
             "inference mode": torch.is_inference_mode_enabled(),
             "default dtype": str(torch.get_default_dtype()),
             "autocast": [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)],
             "anomaly detection": torch.is_anomaly_enabled(),
             "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-            "torch function modes": torch._C._len_torch_function_stack(),
-            "dispatch modes": torch._C._len_torch_dispatch_stack(),
+            "warnings always shown": torch.is_warn_always_enabled(),
+            "hooks on every module": sum(map(len, _GLOBAL_MODULE_HOOKS)),
+            "saved-tensor hooks": _pair(torch._C._autograd._top_saved_tensors_default_hooks(False)),
         }
         if self.generator:
             now[GENERATOR] = generator_state(torch.get_rng_state())
-        for name, module in self.model.named_modules() if self.model is not None else ():
-            where = f"model[{name}]" if name else "the model"
-            now[f"{where}'s mode"] = "train" if module.training else "eval"
-            hooks = [module._forward_hooks, module._forward_pre_hooks, module._backward_hooks]
-            now[f"hooks on {where}"] = sum(len(h) for h in hooks)
-            for key, p in module.named_parameters(recurse=False):
-                now[f"{where}.{key}.requires_grad"] = p.requires_grad
+        # The model and the loss function are read from their own dicts: no method runs, which
+        # the call may have replaced on the object itself.
+        for name, module in _modules_of(self.model) if self.model is not None else ():
+            where, state = f"model[{name}]" if name else "the model", vars(module)
+            now[f"{where}'s mode"] = "train" if state.get("training") else "eval"
+            hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks")
+            now[f"hooks on {where}"] = sum(len(state.get(h, ())) for h in hooks)
+            for key, p in state.get("_parameters", {}).items():
+                if p is not None:
+                    now[f"{where}.{key}.requires_grad"] = p.requires_grad
         loss_fn = self.loss_fn
         for key, value in vars(loss_fn).items() if loss_fn is not None else ():
             if isinstance(value, (str, int, float, bool, type(None))) and key != "training":
                 now[f"loss_fn.{key}"] = value
         if isinstance(loss_fn, torch.nn.Module):
-            for key, value in loss_fn.named_buffers():
-                now[f"loss_fn.{key}"] = value.detach().cpu().tolist()  # a class weight, say
+            for key, value in vars(loss_fn).get("_buffers", {}).items():
+                if value is not None:
+                    now[f"loss_fn.{key}"] = value.detach().cpu().tolist()  # a class weight, say
         return now
 
     def changed(self) -> list[str]:
@@ -226,6 +267,8 @@ def observe_train_step(fn, case: dict) -> dict:
             "ch04_train_step", "train_step", fn, model, optimizer, loss_fn, x, y,
             case=label_train_step(case),
         )  # fmt: skip
+        # What the call left changed is noted first, before anything here runs torch code.
+        settings.check("ch04_train_step", "train_step", label_train_step(case))
         seen[f"the value returned by call {call}"] = _plain(returned)
         seen[f"the parameters after call {call}"] = {
             name: p.detach().clone() for name, p in model.named_parameters()
@@ -234,5 +277,4 @@ def observe_train_step(fn, case: dict) -> dict:
         seen[f"the buffers after call {call}"] = {
             name: b.detach().clone() for name, b in model.named_buffers()
         }
-        settings.check("ch04_train_step", "train_step", label_train_step(case))
     return seen
