@@ -10,6 +10,7 @@ observers use it for their own steps.
 from __future__ import annotations
 
 import copy
+import types
 
 import torch
 
@@ -32,9 +33,10 @@ def _pair(hooks) -> str:
     """The saved-tensor hooks in force, in words (each pair told apart by where it lives)."""
     if hooks is None:
         return "none"
-    return " and ".join(
-        f"{getattr(h, '__qualname__', type(h).__name__)} at {id(h):#x}" for h in hooks
-    )
+    # Only a plain function's name is read: reading anything of another object could run the
+    # answer's code (a property, a metaclass's).
+    names = [h.__qualname__ if type(h) is types.FunctionType else "an object" for h in hooks]
+    return " and ".join(f"{name} at {id(h):#x}" for name, h in zip(names, hooks, strict=True))
 
 
 def _modules_of(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
