@@ -45,7 +45,7 @@ check: setup
 	$(BIN)/ruff format --check .
 	$(WITH_BYTECODE) $(BIN)/pytest -n 2 --dist worksteal -m "not slow"
 
-# Everything (23.3 minutes of pytest on two idle cores when last measured); the slowest are listed at the end.
+# Everything (23.8 minutes of pytest on two idle cores when last measured); the slowest are listed at the end.
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
